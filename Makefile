@@ -1,0 +1,41 @@
+# OpenMP threads spin-wait on a busy machine unless told otherwise; it must be set before
+# torch, lightgbm or scikit-learn is imported (see ../shared/STACK.md).
+export OMP_WAIT_POLICY := passive
+export BENTOML_DO_NOT_TRACK := true
+export MLFLOW_ALLOW_FILE_STORE := false
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast demo lint bench clean
+
+$(STAMP): pyproject.toml requirements-pins.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned, so the resolver takes the local CPU wheel instead of a CUDA build
+	$(BIN)/pip install -q -c requirements-pins.txt torch==2.13.0
+	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/collapse-guard demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check collapse_guard tests benchmarks
+	$(BIN)/ruff format --check collapse_guard tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/probe_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

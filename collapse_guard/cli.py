@@ -1,0 +1,26 @@
+"""The ``collapse-guard`` command.
+
+Each part owns its sub-commands in its own ``cli`` module; this file only mounts them,
+so that the parts stay independent and ``collapse-guard --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from collapse_guard.datasets.cli import app as data_app
+from collapse_guard.probe.demo import demo
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="Forecast and prevent training collapse.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(data_app, name="data", help="Make, import and summarise run files.")
+app.command(name="demo", help="Train a small model with the probe and print its signals.")(demo)
+
+
+if __name__ == "__main__":
+    app()

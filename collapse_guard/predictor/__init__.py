@@ -1,0 +1,3 @@
+"""predictor part of collapse-guard (see DESIGN.md)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""service part of collapse-guard (see DESIGN.md)."""
+
+__all__: list[str] = []
