@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from collapse_guard.datasets.cli import app as data_app
+from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.probe.demo import demo
 
 __all__ = ["app"]
@@ -19,6 +20,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(data_app, name="data", help="Make, import and summarise run files.")
+app.command(name="train", help="Train a risk model on run files and track it in MLflow.")(train_command)
+app.command(name="evaluate", help="Evaluate a risk model beside the baselines.")(evaluate_command)
+app.command(name="predict", help="Score one run and plot its risk.")(predict_command)
 app.command(name="demo", help="Train a small model with the probe and print its signals.")(demo)
 
 

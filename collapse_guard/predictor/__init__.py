@@ -1,3 +1,67 @@
-"""predictor part of collapse-guard (see DESIGN.md)."""
+"""The collapse predictor: training, calibration, levels, evaluation, baselines.
 
-__all__: list[str] = []
+>>> from collapse_guard.predictor import RiskModel
+>>> model = RiskModel.load()                 # bundled default model
+>>> risk = model.predict_run(frame)          # P(collapse within the horizon) by step
+>>> model.thresholds                         # {"watch": p, "warn": p, "critical": p}
+
+Names are imported on first use (PEP 562), so ``import collapse_guard.predictor``
+costs nothing and never imports torch or mlflow; LightGBM and scikit-learn load with
+the first name that needs them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "LEVELS",
+    "Calibrator",
+    "CollapsePredictor",
+    "EvalReport",
+    "FeatureMismatchError",
+    "ModelFormatError",
+    "RiskModel",
+    "RunSplit",
+    "build_training_data",
+    "default_baselines",
+    "evaluate_runs",
+    "load_runs",
+    "split_runs",
+    "thresholds_from_budgets",
+    "train_risk_model",
+]
+
+# public name -> submodule that defines it
+_WHERE = {
+    "DEFAULT_BUDGETS": "levels",
+    "LEVELS": "levels",
+    "thresholds_from_budgets": "levels",
+    "Calibrator": "calibration",
+    "CollapsePredictor": "model",
+    "FeatureMismatchError": "model",
+    "EvalReport": "evaluation",
+    "evaluate_runs": "evaluation",
+    "ModelFormatError": "risk",
+    "RiskModel": "risk",
+    "RunSplit": "training_data",
+    "build_training_data": "training_data",
+    "load_runs": "training_data",
+    "split_runs": "training_data",
+    "default_baselines": "baselines",
+    "train_risk_model": "train",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

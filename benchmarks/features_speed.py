@@ -1,0 +1,79 @@
+"""Speed of feature extraction: one streaming window, and a whole run in batch.
+
+Targets (issue 4): one streaming window in at most 200 µs; batch extraction at least
+20,000 windows per second on one core. Run on one core:
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/features_speed.py
+
+The run is what the probe records with default periods: per-step signals, attention
+and output probes every 50 steps, system telemetry every 100, AMP and curvature
+signals absent (NaN), 26 signals in all, window 200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import pandas as pd
+
+from collapse_guard.features import FeatureExtractor
+from collapse_guard.signals import SIGNALS
+
+__all__ = ["probe_run"]
+
+
+def probe_run(steps: int, seed: int = 0) -> pd.DataFrame:
+    """A synthetic run with every signal at its default period."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)
+    frame = pd.DataFrame({"step": t})
+    for s in SIGNALS:
+        if s.period == 0 or s.family == "amp":
+            frame[s.name] = np.nan  # off by default / no AMP
+        else:
+            frame[s.name] = np.where(t % s.period == 0, rng.lognormal(0, 0.5, steps), np.nan)
+    frame["loss_nonfinite"] = 0.0
+    return frame
+
+
+def best_of(fn, repeat: int) -> float:
+    """Fastest of ``repeat`` calls, in seconds (the least disturbed by other load)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20_000, help="length of the batch run")
+    parser.add_argument("--repeat", type=int, default=200, help="streaming repetitions")
+    args = parser.parse_args()
+
+    fx = FeatureExtractor()
+    run = probe_run(args.steps)
+    tail = run.iloc[-fx.window :].reset_index(drop=True)
+    values = tail[list(fx.signals)].to_numpy()
+    steps = tail["step"].to_numpy()
+
+    frame_s = best_of(lambda: fx.transform_window(tail), args.repeat)
+    array_s = best_of(lambda: fx.transform_array(values, steps), args.repeat)
+    batch_s = best_of(lambda: fx.transform_run(run), 3)
+
+    print(f"load average        {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()})")
+    print(
+        f"features            {len(fx.schema.names)} from {len(fx.signals)} signals, W={fx.window}"
+    )
+    print(f"streaming (frame)   {frame_s * 1e6:8.1f} us/window   target <= 200")
+    print(f"streaming (array)   {array_s * 1e6:8.1f} us/window   target <= 200")
+    print(f"batch (stride 1)    {args.steps / batch_s:8.0f} windows/s  target >= 20000")
+
+
+if __name__ == "__main__":
+    main()

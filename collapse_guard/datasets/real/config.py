@@ -1,0 +1,97 @@
+"""One real run's settings: model, optimizer, schedule, precision and injected fault.
+
+A flat dataclass in the manner of nanoGPT's ``train.py`` globals: every default is the
+healthy baseline and carries its unit and reason. The whole config is stored in the
+run file's metadata, so a run describes itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+__all__ = ["FAULTS", "PRECISIONS", "RealRunConfig"]
+
+# injected faults (``none`` = clean run); see ``faults.py`` for what each does
+FAULTS = ("none", "corrupt_batch", "grad_spike", "opt_reset", "lr_jump")
+# ``fp16`` is autocast without a loss scaler: overflows become inf/NaN, as on a GPU
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class RealRunConfig:
+    # run
+    seed: int = 0  # seeds the init, the batch order and the fault's random bytes
+    steps: int = 1200  # optimizer steps; ~25 ms each at the defaults on one CPU thread
+    # model (collapse_guard.datasets.real.model.GPTConfig)
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 64  # width; 136k parameters at 2 layers
+    seq_len: int = 64  # tokens (bytes) per sequence
+    qk_norm: bool = False  # layernorm on q and k: prevents attention-logit growth
+    pre_ln: bool = True  # False = post-LN, which diverges at high LR without warmup
+    init_scale: float = 1.0  # multiplies the 0.02 init std; >3 makes early logits large
+    # data
+    batch_size: int = 16  # sequences per step; smaller batches are noisier, less stable
+    # adamw optimizer
+    lr: float = 3e-3  # peak learning rate; >= ~0.05 collapses attention without qk_norm
+    warmup_steps: int = 100  # linear warmup from 0 to lr, then cosine decay
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    beta1: float = 0.9
+    beta2: float = 0.95  # small beta2 (0.5-0.8) makes the second moment jumpy
+    eps: float = 1e-8  # tiny eps lets near-zero second moments blow updates up
+    weight_decay: float = 0.1  # decoupled (AdamW), on every weight
+    grad_clip: float = 1.0  # clip the global grad norm at this value; 0.0 disables clipping
+    # precision
+    precision: str = "fp32"  # one of PRECISIONS; bf16/fp16 use CPU autocast
+    # injected fault (faults.py)
+    fault: str = "none"  # one of FAULTS
+    fault_step: int = 0  # first step of the fault
+    fault_steps: int = 1  # how many consecutive steps it lasts (lr_jump: until the end)
+    fault_scale: float = 1.0  # grad_spike: gradient multiplier; lr_jump: LR multiplier
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(
+                f"fault={self.fault!r} is not known; expected one of {', '.join(FAULTS)}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision={self.precision!r} is not known; "
+                f"expected one of {', '.join(PRECISIONS)}"
+            )
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}; pass a positive count")
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"d_model={self.d_model} must be a multiple of n_head={self.n_head}; "
+                "change one of them"
+            )
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict: what goes into the run file's ``config``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RealRunConfig:
+        """Inverse of ``to_dict``; an unknown key is an error, not silently dropped."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown RealRunConfig keys {unknown}; expected a subset of {sorted(known)}"
+            )
+        return cls(**data)
+
+    def model_config(self):
+        """The ``GPTConfig`` of this run (imports torch)."""
+        from collapse_guard.datasets.real.model import GPTConfig
+
+        return GPTConfig(
+            seq_len=self.seq_len,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            d_model=self.d_model,
+            qk_norm=self.qk_norm,
+            pre_ln=self.pre_ln,
+            init_scale=self.init_scale,
+        )

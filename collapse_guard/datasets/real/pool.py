@@ -1,0 +1,138 @@
+"""Many real runs in parallel: a spawn process pool, or a Dask distributed cluster.
+
+Each run is one task, ``run_task(config, path, run_id)``, the same function on both
+paths. Workers are single-threaded (``torch.set_num_threads(1)``): at this model
+size one thread per run, one run per core, is the fastest use of a machine.
+
+Resumable: run ``i`` of a seed always gets the same id, file name and config, a
+finished file is skipped, and a leftover ``.tmp`` (a run killed midway) is redone.
+
+Processes are started by spawn, never fork: a forked child of a process that already
+ran torch or OpenMP work can hang (../shared/STACK.md). ``OMP_WAIT_POLICY=passive``
+is set in the parent before the pool starts (children inherit it) and again in each
+child before torch is imported: spinning OpenMP threads make a busy machine crawl.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from collapse_guard.datasets.real.config import RealRunConfig
+from collapse_guard.datasets.real.runner import RunResult
+from collapse_guard.datasets.real.sampler import sample_configs
+
+__all__ = ["generate_real_runs", "run_id_for", "run_task"]
+
+
+def run_id_for(seed: int, index: int) -> str:
+    """Stable id of run ``index`` of the sweep drawn with ``seed`` (also its file name)."""
+    return f"real-s{seed}-{index:05d}"
+
+
+def _single_threaded_env() -> None:
+    # must happen before torch is imported in this process to have any effect
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def run_task(config: dict, path: str, run_id: str) -> RunResult:
+    """Child entry point: one run, single-threaded. Plain arguments so it pickles anywhere."""
+    _single_threaded_env()
+    import torch
+
+    from collapse_guard.datasets.real.runner import run_real
+
+    torch.set_num_threads(1)
+    return run_real(RealRunConfig.from_dict(config), Path(path), run_id)
+
+
+def _results_from_pool(tasks: list[tuple[dict, str, str]], workers: int) -> Iterator[RunResult]:
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_single_threaded_env) as pool:
+        futures = [pool.submit(run_task, *task) for task in tasks]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def _results_from_dask(tasks: list[tuple[dict, str, str]], scheduler: str) -> Iterator[RunResult]:
+    from distributed import Client
+    from distributed import as_completed as dask_completed
+
+    with Client(scheduler) as client:
+        # pure=False: a run is a side effect (a file), never deduplicated by Dask
+        futures = [
+            client.submit(run_task, *task, key=f"collapse-guard-{task[2]}", pure=False)
+            for task in tasks
+        ]
+        for future in dask_completed(futures):
+            yield future.result()
+
+
+def generate_real_runs(
+    n: int,
+    out: Path,
+    *,
+    workers: int = 2,
+    seed: int = 0,
+    scheduler: str | None = None,
+    steps: int = RealRunConfig.steps,
+    progress: bool = True,
+) -> list[Path]:
+    """Make (or finish making) ``n`` labelled real runs in ``out``; return their paths.
+
+    ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); without it the
+    runs go to a local spawn pool of ``workers`` processes.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}; pass the number of runs to make")
+    if scheduler is None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}; use 1 for a single process")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{run_id_for(seed, i)}.parquet" for i in range(n)]
+    configs = sample_configs(n, seed=seed, steps=steps)
+    tasks = [
+        (config.to_dict(), str(path), run_id_for(seed, i))
+        for i, (config, path) in enumerate(zip(configs, paths))
+        if not path.exists()
+    ]
+    _single_threaded_env()  # inherited by spawned children, before they import anything
+    if scheduler is not None:
+        results = _results_from_dask(tasks, scheduler)
+    else:
+        results = _results_from_pool(tasks, min(workers, max(1, len(tasks))))
+    _drain(results, total=n, done=n - len(tasks), show=progress and bool(tasks))
+    return paths
+
+
+def _drain(results: Iterator[RunResult], *, total: int, done: int, show: bool) -> None:
+    """Consume ``results`` while a rich progress bar counts runs and collapses."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    causes: Counter[str] = Counter()
+    columns = (
+        TextColumn("[bold]real runs"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+    )
+    with Progress(*columns, disable=not show) as bar:
+        task = bar.add_task("", total=total, completed=done)
+        for result in results:
+            causes[result.cause or "healthy"] += 1
+            summary = ", ".join(f"{cause} {count}" for cause, count in causes.most_common())
+            bar.update(task, advance=1, description=summary)

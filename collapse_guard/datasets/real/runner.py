@@ -1,0 +1,188 @@
+"""One real run: train the small GPT with the probe recording, label it, write it.
+
+The loop is nanoGPT's, with the fault hooks and the probe in their places::
+
+    for step in range(steps):
+        lr = schedule(step) * fault LR multiplier     # set on every param group
+        x, y = batch (or random bytes: corrupt_batch)
+        loss = model(x, y); loss.backward()
+        <grad_spike scales the gradients>
+        probe.after_backward(loss)                    # gradients before clipping
+        clip (unless grad_clip == 0)
+        <opt_reset wipes AdamW's state>
+        optimizer.step(); probe.after_step()          # one row of the run file
+
+A finished run file appears only by rename: the probe records into ``<name>.tmp``,
+which is then labelled and renamed, so a crash leaves a temp file that a resumed
+generation redoes, never a half run that looks finished.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from collapse_guard.datasets.real.config import RealRunConfig
+from collapse_guard.datasets.real.corpus import load_corpus
+from collapse_guard.datasets.real.faults import FaultInjector
+from collapse_guard.datasets.real.precision import emulate_precision
+
+__all__ = [
+    "NONFINITE_PATIENCE",
+    "RunResult",
+    "build",
+    "collapse_cause",
+    "lr_at",
+    "run_real",
+    "temp_path",
+    "train",
+]
+
+NONFINITE_PATIENCE = 10  # consecutive non-finite losses after which a run is stopped: the
+# weights are NaN by then and every later step would only repeat it
+
+ENTROPY_COLLAPSED = 0.1  # nats: a head whose attention entropy is below this looks at one token
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run produced (also what a pool worker sends back)."""
+
+    run_id: str
+    path: Path
+    onset_step: int | None  # the label's onset, None for a healthy run
+    kind: str | None  # the label's kind ("nonfinite", "loss_rise", ...)
+    cause: str | None  # collapse_cause(): which mechanism most likely did it
+    steps_run: int  # fewer than config.steps when a non-finite run was stopped
+    seconds: float  # wall time of the whole run, training and writing
+
+
+def temp_path(path: Path) -> Path:
+    """Where a run is recorded before it is finished (not matched by ``*.parquet``)."""
+    return path.with_name(path.name + ".tmp")
+
+
+def lr_at(step: int, config: RealRunConfig) -> float:
+    """Linear warmup from 0 to ``lr``, then cosine decay to ``lr * min_lr_ratio``."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    floor = config.lr * config.min_lr_ratio
+    return floor + 0.5 * (config.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def build(config: RealRunConfig):
+    """Seeded model and AdamW: weight decay on matrices only, as in nanoGPT."""
+    import torch
+
+    from collapse_guard.datasets.real.model import GPT
+
+    torch.manual_seed(config.seed)
+    model = GPT(config.model_config())
+    emulate_precision(model, config.precision)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=lr_at(0, config),
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        fused=True,  # one kernel for all tensors: 1.8 ms a step instead of 4.4 ms here
+    )
+    return model, optimizer
+
+
+def train(config: RealRunConfig, model, optimizer, probe) -> int:
+    """Train ``config.steps`` steps, calling ``probe`` in its places; return the steps run.
+
+    ``probe`` is anything with ``after_backward(loss)`` and ``after_step()``: the
+    project's :class:`collapse_guard.probe.Probe` in a real run.
+    """
+    import torch
+
+    corpus = torch.from_numpy(load_corpus().copy())
+    offsets = torch.arange(config.seq_len + 1)
+    generator = torch.Generator().manual_seed(config.seed)
+    faults = FaultInjector(config)
+    nonfinite_streak = 0
+    for step in range(config.steps):
+        lr = lr_at(step, config) * faults.lr_multiplier(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(len(corpus) - config.seq_len - 1, (config.batch_size,), generator=generator)
+        tokens = corpus[starts[:, None] + offsets].long()  # (batch, seq_len + 1)
+        x, y = faults.batch(step, tokens[:, :-1], tokens[:, 1:], generator)
+        _, loss = model(x, y)
+        loss.backward()
+        faults.after_backward(step, model)
+        probe.after_backward(loss)
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        faults.before_step(step, optimizer)
+        optimizer.step()
+        probe.after_step()
+        optimizer.zero_grad(set_to_none=True)
+        nonfinite_streak = 0 if math.isfinite(loss.item()) else nonfinite_streak + 1
+        if nonfinite_streak >= NONFINITE_PATIENCE:
+            return step + 1
+    return config.steps
+
+
+def collapse_cause(config: RealRunConfig, label, frame) -> str | None:
+    """Name the likely mechanism of a labelled collapse (None for a healthy run).
+
+    ``fault_<kind>`` when the onset follows an injected fault; ``divergence`` for a
+    non-finite loss; ``entropy_collapse`` when some head's attention went one-hot by
+    the onset (Zhai et al. 2023); otherwise the label's own kind.
+    """
+    if label.onset_step is None:
+        return None
+    if config.fault != "none" and label.onset_step >= config.fault_step:
+        return f"fault_{config.fault}"
+    if label.kind == "nonfinite":
+        return "divergence"
+    entropy = frame.loc[frame["step"] <= label.onset_step + 50, "attn_entropy_min"].dropna()
+    if len(entropy) and entropy.iloc[-1] < ENTROPY_COLLAPSED:
+        return "entropy_collapse"
+    return label.kind
+
+
+def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
+    """Train one run, record it with the probe, label it and write it to ``path``."""
+    import torch
+
+    from collapse_guard.datasets.label import apply_label, label_run
+    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
+    from collapse_guard.probe import Probe
+
+    began = time.perf_counter()
+    path = Path(path)
+    tmp = temp_path(path)
+    model, optimizer = build(config)
+    probe = Probe(model, optimizer)
+    probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
+    try:
+        steps_run = train(config, model, optimizer, probe)
+    finally:
+        probe.close()
+    frame, meta = read_run(tmp)
+    label = label_run(frame)
+    meta = apply_label(meta, label)
+    cause = collapse_cause(config, label, frame)
+    seconds = time.perf_counter() - began
+    meta.extra.update(
+        collapse_cause=cause,
+        steps_run=steps_run,
+        seconds=round(seconds, 2),
+        torch_version=torch.__version__,
+    )
+    write_run(tmp, frame, meta)
+    os.replace(tmp, path)  # the run exists, finished, or not at all
+    return RunResult(run_id, path, label.onset_step, label.kind, cause, steps_run, seconds)

@@ -1,0 +1,212 @@
+"""Draw one :class:`RunSpec` per run index, reproducibly and independently of the others.
+
+Run ``i`` of seed ``s`` draws from ``SeedSequence(s, spawn_key=(i,))``, which is
+exactly the i-th child of ``SeedSequence(s).spawn(n)``: the same run comes out
+whatever ``n``, the worker count or the order in which workers finish.
+
+The mix is set by :class:`SamplerConfig`; its defaults aim at what issue 3 asks of a
+training set: a third to a half of runs collapse, onsets spread over the run, the
+learning rate not sufficient on its own (collapses at moderate LR from other causes,
+healthy runs at high LR), precursors present in some collapses and absent in others
+and sometimes present in healthy runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collapse_guard.datasets.synthetic.shapes import N_DATASETS
+from collapse_guard.datasets.synthetic.spec import COLLAPSE_KINDS, Gap, RecoveredSpike, RunSpec
+
+__all__ = ["SamplerConfig", "run_id", "sample_spec"]
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Share of each outcome and confounder; every default says why it is what it is."""
+
+    collapse_share: float = 0.4  # issue 3: "roughly a third to a half of runs collapse"
+    kind_weights: dict[str, float] = field(
+        default_factory=lambda: {
+            "attention_entropy": 0.4,  # the kind measured here on small runs
+            "nonfinite": 0.25,  # fp16 without scaler, LR jumps
+            "gradient_collapse": 0.15,
+            "oscillation": 0.2,
+        }
+    )
+    min_steps: int = 1000
+    max_steps: int = 5000
+    sudden_share: float = 0.15  # collapses with no precursor drift at all (lead 0)
+    max_lead: int = 300  # issue 3: entropy and logits moved 100-300 steps before onset
+    dsi_share: float = 0.5  # collapses (with a lead) whose three DSI signals go over threshold
+    false_dsi_share: float = 0.12  # healthy runs with a DSI episode that leads nowhere
+    benign_growth_share: float = 0.2  # healthy runs whose attention logits grow and saturate
+    spikes_per_healthy_run: float = 1.0  # Poisson mean of recovered spikes (hard negatives)
+    spikes_per_collapsed_run: float = 0.4
+    amp_share: float = 0.3
+    gpu_share: float = 0.5  # of non-AMP runs (AMP runs are on a GPU)
+    row_gap_share: float = 0.15  # runs with a stretch of missing rows
+    family_gap_share: float = 0.15  # runs with one signal family unmeasured for a stretch
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kind_weights) - set(COLLAPSE_KINDS))
+        if unknown or not self.kind_weights:
+            raise ValueError(
+                f"kind_weights has unknown kind(s) {unknown}; expected keys among "
+                f"{', '.join(COLLAPSE_KINDS)}"
+            )
+        if not 0.0 <= self.collapse_share <= 1.0:
+            raise ValueError(f"collapse_share must be in [0, 1], got {self.collapse_share}")
+        if not 200 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"need 200 <= min_steps <= max_steps, got {self.min_steps} and {self.max_steps}; "
+                "shorter runs leave no room for warmup, onset and the label's recovery window"
+            )
+
+
+def run_id(seed: int, index: int) -> str:
+    return f"synth-s{seed}-{index:06d}"
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(10 ** rng.uniform(math.log10(lo), math.log10(hi)))
+
+
+def _place(
+    rng: np.random.Generator, lo: int, hi: int, length: int, avoid: tuple[int, int] | None
+) -> int | None:
+    """A start in [lo, hi - length] whose span misses ``avoid``; None if there is no room."""
+    starts = np.arange(lo, max(hi - length, lo) + 1)
+    if avoid is not None:
+        a, b = avoid
+        starts = starts[(starts + length <= a) | (starts >= b)]
+    return int(rng.choice(starts)) if starts.size and hi - length >= lo else None
+
+
+def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) -> RunSpec:
+    cfg = config or SamplerConfig()
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+    n = int(rng.integers(cfg.min_steps, cfg.max_steps + 1))
+    kinds = list(cfg.kind_weights)
+    weights = np.array([cfg.kind_weights[k] for k in kinds], dtype=float)
+    kind = "healthy"
+    if rng.random() < cfg.collapse_share:
+        kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+    warmup = int(rng.integers(10, 500))
+    schedule = str(rng.choice(["cosine", "constant", "step"], p=[0.5, 0.3, 0.2]))
+    # LR overlaps between outcomes on purpose: the entropy collapse leans high (as
+    # measured), the other kinds and healthy runs span the whole range.
+    lr_peak = (
+        _log_uniform(rng, 2e-3, 0.1)
+        if kind == "attention_entropy"
+        else _log_uniform(rng, 3e-4, 0.1)
+    )
+    change_step: int | None = None
+    change_factor = 1.0
+    if schedule == "step":
+        change_step = int(rng.integers(int(0.3 * n), int(0.8 * n)))
+        change_factor = float(rng.choice([0.1, 0.3, 0.5, 2.0]))
+
+    onset: int | None = None
+    lead, rise, rise_steps, dsi, cause, truncate = 0, 0.0, 0, False, "", None
+    if kind != "healthy":
+        rise, rise_steps, post_min = {
+            "attention_entropy": (rng.uniform(0.3, 0.9), int(rng.integers(100, 201)), 500),
+            "oscillation": (rng.uniform(0.4, 1.5), int(rng.integers(150, 400)), 600),
+            "gradient_collapse": (rng.uniform(0.3, 1.5), int(rng.integers(1, 20)), 350),
+            "nonfinite": (rng.uniform(0.0, 0.8), 0, 5),
+        }[kind]
+        lo = max(warmup + 50, 200)
+        hi = max(n - post_min, lo + 1)
+        onset = int(rng.integers(lo, hi))
+        if rng.random() >= cfg.sudden_share:
+            lead = int(rng.integers(20, cfg.max_lead + 1))
+        lead = min(lead, onset - 50)
+        if kind == "nonfinite":
+            cause = "lr_jump" if rng.random() < 0.4 else "blowup"
+            if cause == "lr_jump":
+                # A sudden LR jump a few steps before the NaN: the LR is the only warning.
+                lead = int(rng.integers(1, 20))
+                schedule, change_step = (
+                    ("constant" if schedule == "step" else schedule),
+                    onset - lead,
+                )
+                change_factor = _log_uniform(rng, 10, 100)
+            rise_steps = lead
+            if rng.random() < 0.5:
+                truncate = int(rng.integers(1, 300))  # the loop crashed on the NaN
+        dsi = lead >= 20 and cause != "lr_jump" and rng.random() < cfg.dsi_share
+
+    spike_mean = cfg.spikes_per_collapsed_run if onset is not None else cfg.spikes_per_healthy_run
+    spike_end = (onset - lead - 300) if onset is not None else n - 200
+    spikes = []
+    for _ in range(int(rng.poisson(spike_mean))):
+        if spike_end > 150:
+            spikes.append(
+                RecoveredSpike(
+                    step=int(rng.integers(100, spike_end)),
+                    height=round(float(rng.uniform(0.3, 1.5)), 4),
+                    rise=int(rng.integers(1, 10)),
+                    decay=round(float(rng.uniform(5, 40)), 3),
+                )
+            )
+    spikes.sort(key=lambda s: s.step)
+
+    false_dsi = None
+    benign = 0.0
+    if kind == "healthy":
+        if rng.random() < cfg.false_dsi_share:
+            length = int(rng.integers(50, 300))
+            false_dsi = (int(rng.integers(100, n - length)), length)
+        if rng.random() < cfg.benign_growth_share:
+            benign = round(float(rng.uniform(0.5, 1.5)), 4)
+
+    # Gaps stay clear of the onset region so that the label sees the collapse happen.
+    avoid = None if onset is None else (onset - lead - 50, onset + rise_steps + 300)
+    gaps = []
+    if rng.random() < cfg.row_gap_share:
+        length = int(rng.integers(20, 300))
+        start = _place(rng, 50, n, length, avoid)
+        if start is not None:
+            gaps.append(Gap(start, length, "rows"))
+    if rng.random() < cfg.family_gap_share:
+        length = int(rng.integers(100, 1000))
+        start = _place(rng, 0, n, length, None)
+        if start is not None:
+            gaps.append(Gap(start, length, str(rng.choice(["attention", "update", "system"]))))
+
+    amp = bool(rng.random() < cfg.amp_share)
+    return RunSpec(
+        run_id=run_id(seed, index),
+        seed=int(rng.integers(0, 2**63 - 1)),
+        kind=kind,
+        n_steps=n,
+        onset=onset,
+        lead=lead,
+        rise=round(float(rise), 4),
+        rise_steps=rise_steps,
+        dsi=bool(dsi),
+        cause=cause,
+        vocab=int(rng.choice([256, 256, 256, 512, 1024])),
+        loss_floor=round(float(rng.uniform(1.9, 2.6)), 4),
+        loss_noise=round(float(rng.uniform(0.02, 0.08)), 4),
+        tau_fast=round(float(rng.uniform(15, 80)), 3),
+        tau_slow=round(float(rng.uniform(300, 2000)), 3),
+        dataset=int(rng.integers(0, N_DATASETS)),
+        schedule=schedule,
+        lr_peak=lr_peak,
+        warmup=warmup,
+        lr_min_frac=float(rng.choice([0.0, 0.1])),
+        lr_change_step=change_step,
+        lr_change_factor=change_factor,
+        amp=amp,
+        gpu=amp or bool(rng.random() < cfg.gpu_share),
+        spikes=tuple(spikes),
+        false_dsi=false_dsi,
+        benign_logit_growth=benign,
+        gaps=tuple(gaps),
+        truncate_after=truncate,
+    )

@@ -1,0 +1,290 @@
+"""Signal traces per family, as the probe would measure them on a small byte-level model.
+
+Each builder takes one :class:`Ctx` (the run's spec, steps, LR, unit shapes and noise
+generator) and returns ``{signal name: array over every step}``; measurement periods,
+non-finite values after a divergence, AMP and gaps are applied afterwards in
+``frame.py``. Healthy levels follow the small runs measured here (issue 3): a 2-layer
+d64 byte-level decoder, loss from ln(256) to about 2.0-2.8 nats after warmup, grad norm
+high during warmup, attention logits ~5-30 when healthy and 1e4-1e7 in an entropy
+collapse, mean attention entropy and max logit moving 100-300 steps before onset while
+the gradient norm gives no warning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from collapse_guard.datasets.synthetic.shapes import Shapes, smooth_noise
+from collapse_guard.datasets.synthetic.spec import RunSpec
+
+__all__ = [
+    "Ctx",
+    "attention_traces",
+    "gradient_traces",
+    "loss_trace",
+    "output_traces",
+    "system_traces",
+    "update_traces",
+]
+
+
+@dataclass
+class Ctx:
+    """Everything a family builder reads; ``loss_clean`` is set by :func:`loss_trace`."""
+
+    spec: RunSpec
+    t: np.ndarray  # steps as float
+    lr: np.ndarray
+    sh: Shapes
+    rng: np.random.Generator
+    loss_clean: np.ndarray | None = None  # loss without per-step noise and spikes
+
+    def lognormal(self, sigma: float) -> np.ndarray:
+        """Multiplicative per-step noise with median 1."""
+        return np.exp(sigma * self.rng.standard_normal(self.t.size))
+
+    def dsi_target(self, low: tuple[float, float], high: tuple[float, float]) -> float:
+        """A DSI excursion goes either below the band or above it: pick one side."""
+        lo, hi = low if self.rng.random() < 0.5 else high
+        return float(self.rng.uniform(lo, hi))
+
+    @property
+    def dsi_ramp(self) -> np.ndarray:
+        """How far the DSI signals are over threshold: pre-onset ramp, or a false episode."""
+        spec = self.spec
+        ramp = self.sh.pre if (spec.dsi and spec.onset is not None) else np.zeros(self.t.size)
+        return np.maximum(ramp, self.sh.false_dsi)
+
+
+def loss_trace(c: Ctx) -> dict[str, np.ndarray]:
+    spec, t, sh = c.spec, c.t, c.sh
+    start = math.log(spec.vocab) + 0.05  # a fresh model predicts about uniformly
+    # Fast warmup drop (most of the way) then a slow power-law-like improvement.
+    curve = spec.loss_floor + (start - spec.loss_floor) * (
+        0.8 * np.exp(-t / spec.tau_fast) + 0.2 * np.exp(-t / spec.tau_slow)
+    )
+    if spec.onset is not None:
+        # A collapsed run stops learning: the curve freezes at its onset value.
+        curve = np.where(sh.after, curve[min(spec.onset, t.size - 1)], curve)
+        if spec.kind == "nonfinite":
+            curve = curve + spec.rise * sh.pre**2  # blow-up accelerates into the NaN
+        else:
+            curve = curve + spec.rise * sh.post
+    if spec.kind == "oscillation" and spec.onset is not None:
+        period = c.rng.uniform(4, 12)  # edge-of-stability bouncing, a few steps long
+        amp = c.rng.uniform(0.04, 0.15) * (sh.pre + sh.post)
+        curve = curve + amp * np.sin(2 * math.pi * t / period)
+    if spec.lr_change_factor > 1 and spec.lr_change_step is not None and spec.kind != "nonfinite":
+        # A healthy LR raise costs a little loss that training wins back: a rise kept
+        # under the label's margin, like the <= 0.23 nats healthy runs showed here.
+        since = t - spec.lr_change_step
+        hump = np.where(since >= 0, 1 - np.exp(-np.maximum(since, 0) / 20), 0.0)
+        hump = hump * np.exp(-np.maximum(since, 0) / c.rng.uniform(100, 500))
+        curve = curve + c.rng.uniform(0.05, 0.2) * hump
+    c.loss_clean = curve
+    # Per-step batch noise, louder early, plus a slow wobble (data mix drifting).
+    sigma = spec.loss_noise * (1 + np.exp(-t / spec.tau_fast))
+    if spec.onset is not None and spec.kind != "gradient_collapse":
+        sigma = sigma * (1 + 0.5 * sh.post)  # a damaged model is noisier
+    wobble = 0.25 * spec.loss_noise * smooth_noise(c.rng, t.size, tau=60.0)
+    noise = sigma * c.rng.standard_normal(t.size) + wobble
+    return {"loss": curve + noise + sh.bump + sh.data_spike}
+
+
+def gradient_traces(c: Ctx) -> dict[str, np.ndarray]:
+    spec, t, sh, rng = c.spec, c.t, c.sh, c.rng
+    level = math.exp(rng.uniform(math.log(0.15), math.log(1.5)))
+    warm_boost = rng.uniform(2.0, 10.0)  # grad norm is high while the loss falls fast
+    g = level * (1 + warm_boost * np.exp(-t / (0.7 * spec.tau_fast + 20)))
+    g = (
+        g
+        * np.exp(0.1 * smooth_noise(rng, t.size, tau=100.0))
+        * c.lognormal(rng.uniform(0.08, 0.25))
+    )
+    g = g * (1 + rng.uniform(2, 10) * sh.bump_unit)
+    g = np.where(sh.data_spike > 0, g * rng.uniform(3, 20), g)
+    bottom = g * rng.uniform(0.08, 0.4) * c.lognormal(0.2)
+    cv_level = rng.uniform(0.15, 0.36)
+    cv = (cv_level + 0.35 * np.exp(-t / 150)) * c.lognormal(rng.uniform(0.05, 0.15))
+    cv = np.where(sh.data_spike > 0, cv * rng.uniform(1.2, 2.0), cv)
+
+    if spec.onset is not None:
+        if spec.kind == "attention_entropy":
+            # Measured here: gradient norm did not warn before onset; after, it shifts.
+            g = g * rng.uniform(0.6, 1.6) ** sh.post
+            bottom = bottom * rng.uniform(0.6, 1.6) ** sh.post
+        elif spec.kind == "nonfinite":
+            blow = rng.uniform(1.0, 3.0) if spec.cause == "blowup" else rng.uniform(1.0, 2.0)
+            g = g * 10 ** (blow * sh.pre**2)
+            bottom = bottom * 10 ** (blow * sh.pre**2)
+        elif spec.kind == "gradient_collapse":
+            # Vanishing starts at the bottom of the stack, then everything dies in one step.
+            bottom = bottom * 10 ** (-rng.uniform(1.0, 2.5) * np.where(sh.after, 0.0, sh.pre))
+            g = np.where(sh.after, g * 10 ** -rng.uniform(3.3, 4.5), g)
+            dead = 10 ** rng.uniform(-9.0, -7.0) * c.lognormal(0.3)
+            bottom = np.where(sh.after, dead, bottom)
+            cv = np.where(sh.after, cv + rng.uniform(0.5, 1.2), cv)
+        elif spec.kind == "oscillation":
+            wiggle = np.exp(0.3 * sh.pre * np.sin(t * rng.uniform(0.5, 1.5)))
+            grow = 10 ** (rng.uniform(0.3, 1.0) * sh.post)
+            g = g * (1 + 1.5 * sh.pre) * wiggle * grow
+            bottom = bottom * (1 + 1.5 * sh.pre) * wiggle * grow
+    dsi = c.dsi_ramp
+    cv = cv * (1 - dsi) + c.dsi_target((0.5, 0.9), (0.5, 0.9)) * dsi
+    return {
+        "grad_norm": g,
+        "bottom_grad_norm": bottom,
+        "grad_cv": cv,
+        "grad_nonfinite": np.zeros(t.size),
+    }
+
+
+def update_traces(c: Ctx) -> dict[str, np.ndarray]:
+    spec, t, sh, rng = c.spec, c.t, c.sh, c.rng
+    cos_level = rng.uniform(0.3, 0.75)
+    # Adam's first updates all point the same way (momentum fills up): cos near 1.
+    cos = cos_level + (0.95 - cos_level) * np.exp(-t / 20)
+    cos = cos + rng.uniform(0.03, 0.08) * rng.standard_normal(t.size)
+    flip_p = np.full(t.size, rng.uniform(0.08, 0.3))
+    ratio = c.lr * rng.uniform(5, 40) * c.lognormal(0.1)
+    p0 = rng.uniform(8, 40)
+    param = p0 * (1 + rng.uniform(0.2, 1.2) * (1 - np.exp(-t / rng.uniform(300, 3000))))
+    param = param * (1 + 1e-4 * np.cumsum(rng.standard_normal(t.size)) / np.sqrt(t.size))
+
+    if spec.onset is not None:
+        if spec.kind == "oscillation":
+            # The precursor of this kind: updates reverse direction step after step.
+            cos = cos * (1 - sh.pre) + rng.uniform(-0.6, -0.1) * sh.pre
+            flip_p = flip_p * (1 - sh.pre) + rng.uniform(0.65, 0.95) * sh.pre
+            ratio = ratio * (1 + sh.pre + sh.post)
+        elif spec.kind == "attention_entropy":
+            param = param * (1 + 0.1 * sh.pre + rng.uniform(0.2, 0.6) * sh.post)
+            ratio = ratio * (1 + sh.post)
+        elif spec.kind == "nonfinite":
+            ratio = ratio * 10 ** (rng.uniform(0.3, 1.5) * sh.pre**2)
+            param = param * (1 + 0.2 * sh.pre**2)
+        elif spec.kind == "gradient_collapse":
+            cos = np.where(sh.after, rng.uniform(0.0, 0.3) + 0.2 * rng.standard_normal(t.size), cos)
+            ratio = np.where(sh.after, ratio * rng.uniform(0.03, 0.2), ratio)
+    dsi = c.dsi_ramp
+    cos = cos * (1 - dsi) + c.dsi_target((-0.3, 0.05), (0.92, 0.99)) * dsi
+    # "most reversals of any tensor in the last 10 steps": at most 9 possible, fewer early.
+    flips = rng.binomial(np.minimum(t, 9).astype(np.int64), np.clip(flip_p, 0, 1)).astype(float)
+    return {
+        "update_cos": np.clip(cos, -1.0, 1.0),
+        "update_flips": flips,
+        "update_ratio": ratio,
+        "param_norm": param,
+    }
+
+
+def attention_traces(c: Ctx) -> dict[str, np.ndarray]:
+    spec, t, sh, rng = c.spec, c.t, c.sh, c.rng
+    tau = rng.uniform(100, 600)
+    settle = 1 - np.exp(-t / tau)
+    # A fresh model attends about uniformly over up to 64 positions: mean ln(i) ~ 3.1.
+    e_level = rng.uniform(1.3, 2.5)
+    ent_mean = (3.1 + (e_level - 3.1) * settle) * c.lognormal(0.03)
+    ent_min = (2.8 + (e_level * rng.uniform(0.15, 0.5) - 2.8) * settle) * c.lognormal(0.06)
+    logit_level = rng.uniform(5, 30)
+    logit = (rng.uniform(1, 3) + (logit_level - 2) * settle) * c.lognormal(0.05)
+    kl_level = rng.uniform(0.25, 0.9)
+    kl = kl_level + (rng.uniform(1.5, 4) - kl_level) * np.exp(-t / rng.uniform(100, 400))
+    kl = kl * c.lognormal(0.3)
+    heads = int(rng.choice([4, 8, 12, 16]))
+    sat_p = np.full(t.size, rng.uniform(0.0, 0.12))
+
+    # Recovered spikes dip entropy and lift logits briefly (Wortsman et al. 2023).
+    ent_mean = ent_mean * (1 - 0.3 * sh.bump_unit)
+    ent_min = ent_min * (1 - 0.5 * sh.bump_unit)
+    logit = logit * (1 + rng.uniform(0.2, 1.0) * sh.bump_unit)
+    if spec.benign_logit_growth > 0:
+        # High-LR healthy runs (with qk-norm in real life): logits grow, then saturate.
+        start = rng.uniform(0.1, 0.5) * t.size
+        sat = np.clip(1 - np.exp(-(t - start) / rng.uniform(100, 400)), 0.0, 1.0)
+        logit = logit * 10 ** (spec.benign_logit_growth * sat)
+        ent_mean = ent_mean * (1 - 0.2 * sat)
+        ent_min = ent_min * (1 - 0.4 * sat)
+        sat_p = sat_p + 0.12 * sat
+    if spec.onset is not None:
+        if spec.kind == "attention_entropy":
+            a_pre = rng.uniform(0.5, 2.0) if spec.lead > 0 else 0.0
+            final = rng.uniform(4.0, 7.0)  # log10 of the final max logit: 1e4 .. 1e7
+            grow = np.clip((t - spec.onset) / (spec.rise_steps * rng.uniform(1, 2)), 0, 1)
+            grow = np.where(sh.after, grow, 0.0)
+            log_gain = a_pre * sh.pre + max(final - math.log10(logit_level) - a_pre, 0) * grow
+            logit = logit * 10**log_gain
+            d_pre = rng.uniform(0.15, 0.5) if spec.lead > 0 else 0.0
+            ent_mean = ent_mean * (1 - d_pre * sh.pre)
+            ent_mean = ent_mean * (1 - sh.post) + rng.uniform(0.02, 0.3) * sh.post
+            ent_min = ent_min * (1 - min(1.5 * d_pre, 0.9) * sh.pre)
+            ent_min = ent_min * (1 - sh.post) + 10 ** rng.uniform(-4, -1.7) * sh.post
+            sat_p = sat_p + 0.3 * sh.pre + rng.uniform(0.4, 0.8) * sh.post
+            kl = kl * (1 + 2 * sh.post)
+        elif spec.kind == "nonfinite":
+            logit = logit * 10 ** (rng.uniform(0.3, 1.5) * sh.pre**2)
+        elif spec.kind == "gradient_collapse":
+            kl = np.where(sh.after, rng.uniform(0.003, 0.05) * c.lognormal(0.3), kl)
+            sat_p = sat_p + rng.uniform(0.5, 0.9) * sh.post
+        elif spec.kind == "oscillation":
+            logit = logit * (1 + 0.5 * sh.pre + sh.post)
+            kl = kl * (1 + sh.post)
+    dsi = c.dsi_ramp
+    kl = kl * (1 - dsi) + c.dsi_target((0.03, 0.18), (1.6, 3.5)) * dsi
+    saturation = rng.binomial(heads, np.clip(sat_p, 0, 1)) / heads
+    kl[0] = math.nan  # the first probe has no previous attention to compare with
+    return {
+        "attn_entropy_mean": ent_mean,
+        "attn_entropy_min": np.minimum(ent_min, ent_mean),
+        "attn_logit_max": logit,
+        "attn_kl": kl,
+        "attn_saturation": saturation,
+    }
+
+
+def output_traces(c: Ctx) -> dict[str, np.ndarray]:
+    spec, t, sh, rng = c.spec, c.t, c.sh, c.rng
+    assert c.loss_clean is not None, "loss_trace must run before output_traces"
+    level = rng.uniform(4, 15)
+    logit = (1.0 + (level - 1.0) * (1 - np.exp(-t / rng.uniform(100, 800)))) * c.lognormal(0.03)
+    logit = np.where(sh.data_spike > 0, logit * rng.uniform(1.2, 2.0), logit)
+    # A calibrated model's predictive entropy sits just under its loss.
+    entropy = np.minimum(c.loss_clean - rng.uniform(0.0, 0.15), math.log(spec.vocab))
+    entropy = entropy + 0.03 * rng.standard_normal(t.size)
+    # Early on the model predicts the most frequent byte everywhere, then diversifies.
+    rep_level = rng.uniform(0.08, 0.25)
+    rep = rep_level + (0.85 - rep_level) * np.exp(-t / rng.uniform(60, 200)) * (1 - np.exp(-t / 8))
+    rep = rep + 0.02 * rng.standard_normal(t.size)
+    if spec.onset is not None:
+        if spec.kind == "nonfinite":
+            logit = logit * 10 ** (rng.uniform(1.0, 3.0) * sh.pre**2)
+        elif spec.kind == "attention_entropy":
+            logit = logit * (1 + rng.uniform(0, 1) * sh.post)
+            entropy = entropy * (1 - rng.uniform(0.2, 0.6) * sh.post)  # overconfident
+            rep = rep * (1 - sh.post) + rng.uniform(0.5, 1.0) * sh.post
+        elif spec.kind == "gradient_collapse":
+            logit = logit * (1 - 0.5 * sh.post)
+            rep = rep * (1 - sh.post) + rng.uniform(0.6, 1.0) * sh.post
+        elif spec.kind == "oscillation":
+            logit = logit * (1 + sh.pre + sh.post)
+    return {
+        "output_logit_max": logit,
+        "output_entropy": np.maximum(entropy, 0.0),
+        "output_repetition": np.clip(rep, 0.0, 1.0),
+    }
+
+
+def system_traces(c: Ctx) -> dict[str, np.ndarray]:
+    """Host memory always; GPU power and memory only on GPU runs (NaN otherwise)."""
+    spec, t, rng = c.spec, c.t, c.rng
+    n = t.size
+    host = rng.uniform(4e9, 100e9) * (1 - rng.uniform(0, 0.05) * t / n) * c.lognormal(0.005)
+    if spec.gpu:
+        power = rng.uniform(60, 400) * (1 - 0.4 * np.exp(-t / 50)) * c.lognormal(0.05)
+        mem = rng.uniform(0.5e9, 70e9) * np.where(t == 0, 0.6, 1.0) * c.lognormal(0.002)
+    else:
+        power = mem = np.full(n, math.nan)
+    return {"host_mem_available": host, "gpu_power_w": power, "gpu_mem_used": mem}

@@ -1,0 +1,127 @@
+"""Rebuild the default model that ships in the package (``make default-model``).
+
+    python -m collapse_guard.predictor.bundle [--synthetic N] [--real DIR ...] [--out FOLDER]
+
+Generates N synthetic runs (or reuses them from ``--work``), adds the real runs found
+under each ``--real`` folder, trains with the same pipeline as ``collapse-guard train``
+(``train_risk_model``: run-level split, calibration, levels, evaluation), prints the
+test-split evaluation beside the baselines, and writes the model folder. The folder
+must stay under 5 MB, because it is installed with every copy of the package.
+The previous folder is replaced only once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["MAX_BYTES", "build_default_model", "folder_bytes", "main"]
+
+MAX_BYTES = 5 * 1024 * 1024  # shipped in the wheel: keep it small
+DEFAULT_SYNTHETIC = 400  # runs: enough of each collapse kind for stable levels (~3 min)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Total size of the files under ``folder``."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def build_default_model(
+    out: Path,
+    *,
+    synthetic: int = DEFAULT_SYNTHETIC,
+    real: Sequence[Path] = (),
+    work: Path | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    progress=print,
+):
+    """Train on synthetic (+ real) runs and write the model folder ``out``; returns the report."""
+    from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
+    from collapse_guard.predictor.cli import run_paths
+    from collapse_guard.predictor.registry import dataset_fingerprint
+    from collapse_guard.predictor.train import train_risk_model
+
+    with tempfile.TemporaryDirectory(prefix="collapse-guard-bundle-") as tmp:
+        runs_dir = work if work is not None else Path(tmp) / "synthetic"
+        paths = generate_synthetic_runs(synthetic, runs_dir, seed=seed, workers=workers)
+        real_paths = run_paths(list(real)) if real else []
+        progress(f"{len(paths)} synthetic runs in {runs_dir}, {len(real_paths)} real runs")
+        model, report = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
+        model.meta |= {
+            "version": f"default-{dataset_fingerprint([*paths, *real_paths])}",
+            "bundle": {"synthetic": synthetic, "real": len(real_paths), "seed": seed},
+        }
+        staged = model.save(Path(tmp) / "model")
+        size = folder_bytes(staged)
+        if size > MAX_BYTES:
+            raise ValueError(
+                f"the model folder is {size / 1e6:.1f} MB; the bundled model must stay under "
+                f"{MAX_BYTES / 1e6:.1f} MB because every install carries it; fix: fewer trees "
+                "or leaves (CollapsePredictor n_estimators / num_leaves)"
+            )
+        out = Path(out)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(staged, out)
+    progress(f"wrote {out} ({size / 1024:.0f} KB, {model.meta['n_trees']} trees)")
+    return model, report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rich.console import Console
+
+    from collapse_guard.predictor.cli import print_report
+    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+
+    parser = argparse.ArgumentParser(
+        prog="python -m collapse_guard.predictor.bundle", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--synthetic",
+        type=int,
+        default=DEFAULT_SYNTHETIC,
+        metavar="N",
+        help=f"synthetic runs to generate (default {DEFAULT_SYNTHETIC})",
+    )
+    parser.add_argument(
+        "--real",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="folder of real run files; repeat for more",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_MODEL_DIR,
+        help="model folder to write (default: the package's default_model)",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="keep the synthetic runs here and reuse them next time",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="processes for generation")
+    args = parser.parse_args(argv)
+    console = Console()
+    model, report = build_default_model(
+        args.out,
+        synthetic=args.synthetic,
+        real=args.real,
+        work=args.work,
+        seed=args.seed,
+        workers=args.workers,
+        progress=console.log,
+    )
+    print_report(console, report, f"default model {model.meta['version']}, test runs")
+
+
+if __name__ == "__main__":
+    main()

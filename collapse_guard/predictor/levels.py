@@ -1,0 +1,159 @@
+"""Alarm levels from false-alarm budgets.
+
+A budget is the number of healthy steps the user accepts between two false alarms
+(alibi-detect's "expected run time"): ``warn = 10_000`` means at most one false alarm
+per 10,000 healthy steps. A false alarm is an alarm *episode*: consecutive steps at
+or over the threshold count once, because that is how a user lives it (one page,
+however long it stays red).
+
+Thresholds are chosen on healthy validation runs: for each level, the smallest
+threshold such that it, and every higher threshold, raises no more episodes than the
+budget allows. "Every higher" matters because the episode count is not monotone in
+the threshold (raising it can split one episode into two).
+
+========  ===================  ============================================
+level     default budget       meaning
+========  ===================  ============================================
+watch     1 / 1,000 steps      look at the run; cheap actions (checkpoint)
+warn      1 / 10,000 steps     act: tighten clipping, lower the LR
+critical  1 / 100,000 steps    about to collapse: roll back
+========  ===================  ============================================
+
+With fewer healthy validation steps than a budget, zero false alarms are allowed
+and the threshold sits just above the highest healthy score: the guarantee is then
+only as good as the validation set is large (``resolution`` in the stored meta says
+how many healthy steps backed it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "LEVELS",
+    "alarm_starts",
+    "episode_counts",
+    "level_of",
+    "threshold_for_episodes",
+    "thresholds_from_budgets",
+]
+
+LEVELS: tuple[str, ...] = ("watch", "warn", "critical")
+
+# healthy steps between false alarms, per level (see the module docstring)
+DEFAULT_BUDGETS: dict[str, int] = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
+
+
+def _clean(scores: np.ndarray) -> np.ndarray:
+    # NaN means "no score at this step" (e.g. a rule still warming up): never an alarm
+    s = np.asarray(scores, dtype=np.float64)
+    return np.where(np.isnan(s), -np.inf, s)
+
+
+def alarm_starts(scores: np.ndarray, threshold: float) -> np.ndarray:
+    """Indices where an alarm episode starts: score >= threshold after a step below it."""
+    over = _clean(scores) >= threshold
+    prev = np.concatenate(([False], over[:-1]))
+    return np.flatnonzero(over & ~prev)
+
+
+def _episode_intervals(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    # Step i starts an episode at threshold t exactly when prev_i < t <= s_i (the
+    # previous step, or -inf at a run's start). Storing (prev_i, s_i) for every step
+    # lets one sorted search count episodes at many thresholds at once.
+    lows, highs = [], []
+    for seq in sequences:
+        s = _clean(seq)
+        if s.size == 0:
+            continue
+        prev = np.concatenate(([-np.inf], s[:-1]))
+        keep = s > prev
+        lows.append(prev[keep])
+        highs.append(s[keep])
+    if not lows:
+        return np.empty(0), np.empty(0)
+    return np.sort(np.concatenate(lows)), np.sort(np.concatenate(highs))
+
+
+def episode_counts(sequences: Sequence[np.ndarray], thresholds: np.ndarray) -> np.ndarray:
+    """Number of alarm episodes (over all sequences) at each threshold.
+
+    Each sequence is the per-step scores of one run (or one healthy stretch of it), in
+    step order. An episode is a maximal stretch of consecutive steps with
+    score >= threshold.
+    """
+    lows, highs = _episode_intervals(sequences)
+    t = np.asarray(thresholds, dtype=np.float64)
+    # count of i with low_i < t minus count with high_i < t = count with low_i < t <= high_i
+    return np.searchsorted(lows, t, side="left") - np.searchsorted(highs, t, side="left")
+
+
+def threshold_for_episodes(sequences: Sequence[np.ndarray], max_episodes: float) -> float:
+    """Smallest threshold at which this and every higher threshold give <= max_episodes.
+
+    Returns a value just above the highest score when even one episode is too many.
+    """
+    finite = [_clean(s) for s in sequences]
+    values = np.concatenate([s[np.isfinite(s)] for s in finite]) if finite else np.empty(0)
+    if values.size == 0:
+        return 0.0  # nothing ever scores: any threshold is silent
+    candidates = np.unique(values)  # ascending
+    counts = episode_counts(finite, candidates)
+    failing = np.flatnonzero(counts > max_episodes)
+    if failing.size == 0:
+        return float(candidates[0])
+    last_fail = failing[-1]
+    if last_fail + 1 < candidates.size:
+        return float(candidates[last_fail + 1])
+    return float(np.nextafter(candidates[-1], np.inf))
+
+
+def thresholds_from_budgets(
+    healthy_scores: Sequence[np.ndarray],
+    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+) -> dict[str, float]:
+    """Thresholds per level so that false alarms on healthy runs stay within budget.
+
+    ``healthy_scores``: per-step scores of each healthy validation run (every step).
+    ``budgets``: level -> healthy steps between false alarms; must name exactly LEVELS,
+    with budgets increasing from watch to critical.
+    """
+    if set(budgets) != set(LEVELS):
+        raise ValueError(
+            f"budgets must name exactly {list(LEVELS)}; got {sorted(budgets)}. "
+            f"Fix: pass e.g. {DEFAULT_BUDGETS}"
+        )
+    values = [float(budgets[level]) for level in LEVELS]
+    if any(v <= 0 for v in values) or values != sorted(values):
+        raise ValueError(
+            f"budgets must be positive and increase from watch to critical; got {dict(budgets)}"
+        )
+    total_steps = sum(int(np.asarray(s).size) for s in healthy_scores)
+    if total_steps == 0:
+        raise ValueError(
+            "no healthy validation steps to set alarm thresholds on; "
+            "fix: include healthy runs (onset_step null) in the training data"
+        )
+    out: dict[str, float] = {}
+    floor = -math.inf
+    for level, budget in zip(LEVELS, values, strict=True):
+        allowed = math.floor(total_steps / budget)
+        # max() keeps the levels ordered even where ties make two budgets land together
+        floor = max(floor, threshold_for_episodes(healthy_scores, allowed))
+        out[level] = floor
+    return out
+
+
+def level_of(p: float, thresholds: Mapping[str, float]) -> str:
+    """ "ok", "watch", "warn" or "critical": the highest level whose threshold p reaches."""
+    if p is None or not math.isfinite(p):
+        return "ok"
+    current = "ok"
+    for level in LEVELS:
+        if p >= thresholds[level]:
+            current = level
+    return current

@@ -1,0 +1,281 @@
+"""RiskModel: the trained predictor as users, the service and the guard see it.
+
+>>> model = RiskModel.load()                  # the default model bundled in the package
+>>> risk = model.predict_run(frame)           # pd.Series: P(collapse within horizon) by step
+>>> model.level(risk.iloc[-1]), model.thresholds
+
+A model is a folder of two plain files, never a pickle:
+
+====================  =========================================================
+file                  what
+====================  =========================================================
+``model.txt``         the LightGBM booster, as ``Booster.model_to_string()``
+``risk_model.json``   format version, feature schema, calibration, level
+                      thresholds and budgets, horizon, and ``meta`` (name,
+                      version, trained_at, data and schema fingerprints, ...)
+====================  =========================================================
+
+Loading checks that the stored feature schema is exactly what this code's
+feature extractor computes (version, window, signals, names); a mismatch is an error
+that says how to fix it, never silently wrong probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+
+from collapse_guard.features import FEATURE_VERSION, FeatureExtractor, FeatureSchema
+from collapse_guard.predictor.calibration import Calibrator
+from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, level_of
+from collapse_guard.predictor.model import check_feature_names
+
+__all__ = [
+    "DEFAULT_MODEL_DIR",
+    "FORMAT_VERSION",
+    "MODEL_NAME",
+    "ModelFormatError",
+    "RiskModel",
+]
+
+FORMAT_VERSION = 1  # layout of the folder; bump when a file or a key changes meaning
+MODEL_NAME = "collapse-predictor"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default_model"
+_BOOSTER_FILE = "model.txt"
+_SPEC_FILE = "risk_model.json"
+
+
+class ModelFormatError(ValueError):
+    """A model folder cannot be used with this code (names the folder and the fix)."""
+
+
+class RiskModel:
+    """A calibrated collapse predictor with its feature schema and alarm levels.
+
+    Build one with :func:`collapse_guard.predictor.train.train_risk_model` or load
+    one with :meth:`load`. Probabilities are calibrated; ``thresholds`` are on the
+    same calibrated scale.
+    """
+
+    def __init__(
+        self,
+        booster: lgb.Booster,
+        schema: FeatureSchema,
+        calibrator: Calibrator,
+        thresholds: Mapping[str, float],
+        *,
+        horizon: int,
+        budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        check_feature_names(schema.names, booster.feature_name())
+        self.booster = booster
+        self.schema = schema
+        self.calibrator = calibrator
+        self._thresholds = {k: float(v) for k, v in thresholds.items()}
+        self.horizon = int(horizon)
+        self.budgets = dict(budgets)
+        self.extractor = FeatureExtractor(window=schema.window, signals=schema.signals)
+        self.meta = {
+            "name": MODEL_NAME,
+            "version": "local",
+            **dict(meta or {}),
+            "schema_fingerprint": schema.fingerprint,
+            "feature_version": schema.version,
+            "horizon": self.horizon,
+            "n_trees": booster.num_trees(),
+        }
+
+    # ------------------------------------------------------------------ levels
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """{"watch": p, "warn": p, "critical": p} on the calibrated scale."""
+        return dict(self._thresholds)
+
+    def with_thresholds(self, thresholds: Mapping[str, float]) -> RiskModel:
+        """Set the level thresholds (all of LEVELS) and return self."""
+        if set(thresholds) != set(LEVELS):
+            raise ValueError(
+                f"thresholds must name exactly {list(LEVELS)}; got {sorted(thresholds)}"
+            )
+        self._thresholds = {k: float(thresholds[k]) for k in LEVELS}
+        return self
+
+    def level(self, p: float) -> str:
+        """ "ok", "watch", "warn" or "critical" for a calibrated probability ``p``."""
+        if not self._thresholds:
+            raise RuntimeError("this model has no level thresholds yet; set them with_thresholds()")
+        return level_of(p, self._thresholds)
+
+    # ------------------------------------------------------------- prediction
+    def raw_features(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Uncalibrated P(collapse) for feature rows (DataFrame columns checked by name)."""
+        if isinstance(X, pd.DataFrame):
+            check_feature_names(self.schema.names, [str(c) for c in X.columns])
+            X = X[list(self.schema.names)].to_numpy(dtype=np.float64)
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != len(self.schema.names):
+            raise ValueError(
+                f"feature rows must have shape (n, {len(self.schema.names)}) for schema "
+                f"{self.schema.fingerprint}; got {X.shape}. Fix: compute them with "
+                "model.extractor"
+            )
+        if X.shape[0] == 0:
+            return np.empty(0)
+        # one thread: single rows are 400x faster, batches barely slower (STACK.md)
+        return self.booster.predict(X, num_threads=1)
+
+    def predict_features(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Calibrated P(collapse within ``horizon``) for feature rows."""
+        return self.calibrator.transform(self.raw_features(X))
+
+    def predict_run(
+        self, frame: pd.DataFrame, *, stride: int = 1, steps: Sequence[int] | None = None
+    ) -> pd.Series:
+        """P(collapse within ``horizon``) at every ``stride``-th step of a run.
+
+        ``frame``: column ``step`` plus whatever signal columns the run has (missing
+        signals are NaN features). Steps run over the whole range, gaps included, unless
+        ``steps`` names the window ends (e.g. ``frame["step"]``: only recorded rows).
+        Returns a Series indexed by step, named ``p_collapse``.
+        """
+        feats = self.extractor.transform_run(frame, stride=stride, steps=steps)
+        p = self.predict_features(feats)
+        return pd.Series(p, index=feats.index, name="p_collapse")
+
+    def predict_window(self, frame: pd.DataFrame) -> float:
+        """P(collapse) for the window ending at the last row of ``frame``."""
+        vec = self.extractor.transform_window(frame)
+        return float(self.predict_features(vec[np.newaxis, :])[0])
+
+    def predict_windows(self, frames: Sequence[pd.DataFrame]) -> np.ndarray:
+        """P(collapse) for many windows (one per frame, each ending at its last row)."""
+        if len(frames) == 0:
+            return np.empty(0)
+        return self.predict_features(self.extractor.transform_windows(list(frames)))
+
+    def explain(self, frame: pd.DataFrame, k: int = 5) -> list[tuple[str, float]]:
+        """Top-``k`` features by |contribution| to the log-odds of the last window.
+
+        Contributions are LightGBM's SHAP values (``pred_contrib``) on the raw
+        log-odds scale, before calibration; positive pushes toward collapse.
+        """
+        vec = self.extractor.transform_window(frame)[np.newaxis, :]
+        contrib = self.booster.predict(vec, pred_contrib=True, num_threads=1)[0][:-1]
+        order = np.argsort(-np.abs(contrib), kind="stable")[:k]
+        return [(self.schema.names[i], float(contrib[i])) for i in order]
+
+    # ------------------------------------------------------------ persistence
+    def save(self, folder: str | Path) -> Path:
+        """Write ``model.txt`` and ``risk_model.json`` into ``folder`` (created)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _BOOSTER_FILE).write_text(self.booster.model_to_string(), encoding="utf-8")
+        spec = {
+            "format_version": FORMAT_VERSION,
+            "schema": self.schema.to_dict(),
+            "calibration": self.calibrator.to_dict(),
+            "thresholds": self._thresholds,
+            "budgets": self.budgets,
+            "horizon": self.horizon,
+            "meta": self.meta,
+        }
+        text = json.dumps(spec, indent=2, sort_keys=True, default=_json_default)
+        (folder / _SPEC_FILE).write_text(text + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, source: str | Path | None = None) -> RiskModel:
+        """Load the bundled default (None), a registry URI or a model folder.
+
+        ``"models:/collapse-predictor@champion"`` and ``"runs:/..."`` go through the
+        MLflow registry (imported only then); anything else is a folder path.
+        """
+        if source is None:
+            if not (DEFAULT_MODEL_DIR / _SPEC_FILE).is_file():
+                raise FileNotFoundError(
+                    f"no bundled default model at {DEFAULT_MODEL_DIR}; build it with "
+                    "`make default-model` (python -m collapse_guard.predictor.bundle), or pass "
+                    "a model folder or 'models:/collapse-predictor@champion'"
+                )
+            return cls.load_folder(DEFAULT_MODEL_DIR)
+        if isinstance(source, str) and source.startswith(("models:/", "runs:/")):
+            from collapse_guard.predictor.registry import load_model_folder  # mlflow: lazy
+
+            return cls.load_folder(load_model_folder(source))
+        return cls.load_folder(Path(source))
+
+    @classmethod
+    def load_folder(cls, folder: str | Path) -> RiskModel:
+        """Load a folder written by :meth:`save`, checking format and feature schema."""
+        folder = Path(folder)
+        spec_path, booster_path = folder / _SPEC_FILE, folder / _BOOSTER_FILE
+        if not spec_path.is_file() or not booster_path.is_file():
+            raise FileNotFoundError(
+                f"{folder} is not a model folder: expected {_SPEC_FILE} and {_BOOSTER_FILE} "
+                "in it (written by RiskModel.save)"
+            )
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        if spec.get("format_version") != FORMAT_VERSION:
+            raise ModelFormatError(
+                f"{folder}: model format version {spec.get('format_version')!r}, this code "
+                f"reads version {FORMAT_VERSION}; retrain the model with this version "
+                "(collapse-guard train) or use the collapse-guard release that saved it"
+            )
+        schema = FeatureSchema.from_dict(spec["schema"])
+        _check_schema(schema, folder)
+        booster = lgb.Booster(model_str=booster_path.read_text(encoding="utf-8"))
+        model = cls(
+            booster,
+            schema,
+            Calibrator.from_dict(spec["calibration"]),
+            spec["thresholds"],
+            horizon=spec["horizon"],
+            budgets=spec.get("budgets", DEFAULT_BUDGETS),
+            meta=spec.get("meta", {}),
+        )
+        model.meta["source"] = str(folder)
+        return model
+
+    def __repr__(self) -> str:
+        return (
+            f"RiskModel(name={self.meta['name']!r}, version={self.meta['version']!r}, "
+            f"horizon={self.horizon}, schema={self.schema.fingerprint}, "
+            f"thresholds={self._thresholds})"
+        )
+
+
+def _check_schema(schema: FeatureSchema, folder: Path) -> None:
+    if schema.version != FEATURE_VERSION:
+        raise ModelFormatError(
+            f"{folder}: the model was trained on feature version {schema.version!r}, this "
+            f"code computes version {FEATURE_VERSION!r}; its probabilities would be wrong. "
+            "Fix: retrain it (make default-model for the bundled one) or install the "
+            "collapse-guard release that trained it"
+        )
+    current = FeatureSchema.build(schema.window, schema.signals)
+    if current.names != schema.names:
+        missing = [n for n in schema.names if n not in set(current.names)]
+        extra = [n for n in current.names if n not in set(schema.names)]
+        raise ModelFormatError(
+            f"{folder}: stored feature names differ from what feature version "
+            f"{FEATURE_VERSION} computes for window {schema.window} (not computed any more: "
+            f"{missing[:10]}; new: {extra[:10]}); retrain the model"
+        )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")

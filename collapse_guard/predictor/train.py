@@ -1,0 +1,180 @@
+"""train_risk_model: run files in, a calibrated RiskModel and its evaluation out.
+
+Steps (each its own function in this package, so fleet-scale training can swap one):
+
+1. read the runs and split them by run (``training_data.split_runs``): train /
+   validation / test, stratified by outcome and source, seeded;
+2. features at every ``stride``-th step of train and validation runs;
+3. fit the LightGBM ``CollapsePredictor`` on train rows, early-stopping on
+   validation rows;
+4. calibrate on validation rows (``calibration.Calibrator``);
+5. set the level thresholds from false-alarm budgets on the healthy validation runs,
+   scored at every step (``levels.thresholds_from_budgets``);
+6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
+
+Deterministic: the same runs and seed give the same model string. No MLflow here
+(``predictor.registry`` logs what this returns).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+
+from collapse_guard.datasets.label import HORIZON
+from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
+from collapse_guard.predictor.baselines import default_baselines
+from collapse_guard.predictor.calibration import Calibrator
+from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs
+from collapse_guard.predictor.levels import DEFAULT_BUDGETS, thresholds_from_budgets
+from collapse_guard.predictor.model import CollapsePredictor
+from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.training_data import (
+    DEFAULT_FRACTIONS,
+    DEFAULT_STRIDE,
+    RunRecord,
+    build_training_data,
+    data_fingerprint,
+    load_runs,
+    split_runs,
+)
+
+__all__ = ["fit_risk_model", "set_levels", "train_risk_model"]
+
+
+def _log(progress: Callable[[str], None] | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def fit_risk_model(
+    train_runs: Sequence[RunRecord],
+    val_runs: Sequence[RunRecord],
+    *,
+    seed: int = 0,
+    window: int = DEFAULT_WINDOW,
+    horizon: int = HORIZON,
+    stride: int = DEFAULT_STRIDE,
+    calibration: str = "platt",
+    params: Mapping[str, Any] | None = None,
+) -> tuple[RiskModel, CollapsePredictor]:
+    """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet."""
+    extractor = FeatureExtractor(window=window)
+    train = build_training_data(train_runs, extractor, stride=stride, horizon=horizon)
+    val = build_training_data(val_runs, extractor, stride=stride, horizon=horizon)
+    predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))
+    predictor.fit(train.X, train.y, eval_set=(val.X, val.y))
+    calibrator = Calibrator(calibration).fit(predictor.raw_proba(val.X), val.y)
+    model = RiskModel(
+        predictor.booster_,
+        extractor.schema,
+        calibrator,
+        thresholds={},
+        horizon=horizon,
+        meta={
+            "seed": seed,
+            "stride": stride,
+            "train_rows": len(train),
+            "train_positive_rows": int(train.y.sum()),
+            "best_iteration": predictor.best_iteration_,
+            "params": predictor.get_params(),
+        },
+    )
+    return model, predictor
+
+
+def set_levels(
+    model: RiskModel,
+    healthy_runs: Sequence[RunRecord],
+    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+) -> RiskModel:
+    """Step 5: thresholds from budgets on healthy runs scored at every step."""
+    # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
+    scores = [
+        model.predict_run(run.frame, steps=run.frame["step"].to_numpy()).to_numpy()
+        for run in healthy_runs
+    ]
+    model.with_thresholds(thresholds_from_budgets(scores, budgets))
+    model.budgets = dict(budgets)
+    # how many healthy steps back the thresholds: the tightest budget it can honour
+    model.meta["threshold_healthy_steps"] = int(sum(s.size for s in scores))
+    return model
+
+
+def train_risk_model(
+    run_paths: Iterable[str | Path],
+    *,
+    seed: int = 0,
+    window: int = DEFAULT_WINDOW,
+    horizon: int = HORIZON,
+    stride: int = DEFAULT_STRIDE,
+    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    calibration: str = "platt",
+    eval_budget_per_10k: float = 1.0,
+    params: Mapping[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[RiskModel, EvalReport]:
+    """Train, calibrate, set levels and evaluate on run files (module docstring).
+
+    Args:
+        run_paths: run files (``*.parquet``); use ``datasets.runfile.list_runs`` on folders.
+        seed: seeds the split and LightGBM: same runs + seed -> same model string.
+        window: feature window in steps. horizon: steps ahead predicted (H).
+        stride: training rows every ``stride``-th step (evaluation scores every step).
+        budgets: healthy steps between false alarms per level (``levels``).
+        fractions: train / validation / test shares of the runs.
+        calibration: "platt" or "isotonic".
+        eval_budget_per_10k: false alarms per 10k healthy steps for "recall at budget".
+        params: CollapsePredictor hyperparameters to override.
+        progress: called with a line of text after each stage (e.g. ``print``).
+    """
+    t0 = time.perf_counter()
+    runs = load_runs(run_paths)
+    split = split_runs([r.meta for r in runs], seed=seed, fractions=fractions)
+    by_split = {name: [r for r in runs if split.of(r.run_id) == name] for name in split.to_dict()}
+    _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
+    model, _ = fit_risk_model(
+        by_split["train"],
+        by_split["validation"],
+        seed=seed,
+        window=window,
+        horizon=horizon,
+        stride=stride,
+        calibration=calibration,
+        params=params,
+    )
+    _log(progress, f"fitted {model.meta['n_trees']} trees ({time.perf_counter() - t0:.0f} s)")
+    healthy_val = [r for r in by_split["validation"] if not r.collapsed]
+    set_levels(model, healthy_val, budgets)
+    _log(progress, f"levels {model.thresholds} ({time.perf_counter() - t0:.0f} s)")
+    baselines = default_baselines(by_split["train"], horizon=horizon, seed=seed)
+    report = evaluate_runs(
+        by_split["test"], model, baselines, budget_per_10k=eval_budget_per_10k, horizon=horizon
+    )
+    model.meta.update(
+        {
+            "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "data_fingerprint": data_fingerprint(r.meta for r in runs),
+            "n_runs": {k: len(v) for k, v in by_split.items()},
+            "split": split.to_dict(),
+            "lightgbm_version": lgb.__version__,
+            "train_seconds": round(time.perf_counter() - t0, 1),
+            "test_recall_at_budget": _finite_or_none(report.get("model")["recall"]),
+        }
+    )
+    _log(
+        progress,
+        f"evaluated on {len(by_split['test'])} test runs ({time.perf_counter() - t0:.0f} s)",
+    )
+    return model, report
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None

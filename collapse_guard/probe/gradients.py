@@ -1,0 +1,135 @@
+"""Gradient family: one pass over the gradients, before any clipping.
+
+====================  =========================================================
+key                   meaning
+====================  =========================================================
+``grad_norm``         global L2 norm of all gradients (unscaled under AMP)
+``grad_cv``           coefficient of variation (population std / mean) of the
+                      per-layer gradient norms; a "layer" is a transformer block
+                      when blocks were found, else a parameter tensor of >= 2 dims;
+                      NaN with fewer than two layers
+``bottom_grad_norm``  gradient norm of the lowest transformer block (0 when the
+                      block is frozen or got no gradient; NaN with no block)
+``grad_nonfinite``    number of NaN/inf gradient elements
+====================  =========================================================
+
+Per-tensor norms come from ``torch._foreach_norm`` (one fused kernel per device and
+dtype); everything stays on the device until the probe's single sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from collapse_guard.probe.config import ProbeConfig
+from collapse_guard.probe.state import Event, ProbeState, SignalFamily
+
+__all__ = ["GradientFamily", "unscale_factor"]
+
+
+def unscale_factor(scaler: object, optimizer: object) -> torch.Tensor | None:
+    """1 / the GradScaler's scale as a device tensor; None without AMP or once unscaled."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    stage = scaler._per_optimizer_states.get(id(optimizer), {}).get("stage")
+    if getattr(stage, "name", "") == "UNSCALED":  # the loop called scaler.unscale_ already
+        return None
+    scale = getattr(scaler, "_scale", None)  # device tensor: reading it costs no sync
+    if scale is None:  # the scaler has not scaled anything yet
+        return None
+    return scale.double().reciprocal().float()
+
+
+class GradientFamily(SignalFamily):
+    keys = ("grad_norm", "grad_cv", "bottom_grad_norm", "grad_nonfinite")
+    period_field = "gradient_every"
+    events = frozenset({Event.AFTER_BACKWARD})
+
+    def __init__(self, config: ProbeConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or ProbeConfig()
+        self._layout_key: tuple | None = None
+        self._layer_of: dict[int, int] = {}  # id(param) -> layer index
+        self._n_layers = 0
+        self._bottom_ids: frozenset[int] = frozenset()
+        self._index_key: tuple | None = None
+        self._index_cache: tuple = (None, None)
+
+    def _layout(self, state: ProbeState, params: list[torch.nn.Parameter]) -> None:
+        key = (tuple(id(b) for b in state.blocks), id(state.bottom_block), len(params))
+        if key == self._layout_key:
+            return
+        self._layout_key = key
+        if len(state.blocks) >= 2:
+            self._layer_of = {
+                id(p): i for i, block in enumerate(state.blocks) for p in block.parameters()
+            }
+        else:
+            matrices = [p for p in params if p.dim() >= 2]
+            self._layer_of = {id(p): i for i, p in enumerate(matrices)}
+        self._n_layers = len(set(self._layer_of.values()))
+        bottom = state.bottom_block
+        self._bottom_ids = frozenset(id(p) for p in bottom.parameters()) if bottom else frozenset()
+
+    def update(self, state: ProbeState) -> GradientFamily:
+        params = [p for p in state.model.parameters() if p.requires_grad]
+        self._layout(state, params)
+        with_grad = [p for p in params if p.grad is not None]
+        if not with_grad:
+            self._values = {"bottom_grad_norm": math.nan if state.bottom_block is None else 0.0}
+            return self
+        grads = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in with_grad]
+        device = grads[0].device
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        squares = torch.stack([n.to(device) for n in norms]).square()
+        unscale = unscale_factor(state.scaler, state.optimizer)
+        unscale = 1.0 if unscale is None else unscale.to(device)
+
+        values: dict[str, torch.Tensor | float] = {
+            "grad_norm": squares.sum().sqrt() * unscale,
+            "grad_nonfinite": sum((~torch.isfinite(g)).sum().to(device) for g in grads),
+        }
+        layer_index, bottom_index = self._indices(with_grad, device)
+        if layer_index is not None:
+            # the scale cancels in std/mean, so the CV needs no unscaling
+            n_slots = self._n_layers + 1
+            per_layer = torch.zeros(n_slots, device=device).index_add_(0, layer_index[0], squares)
+            per_layer = per_layer.index_select(0, layer_index[1]).sqrt()
+            values["grad_cv"] = per_layer.std(correction=0) / per_layer.mean()
+        if state.bottom_block is not None:
+            bottom = squares.index_select(0, bottom_index).sum().sqrt()
+            values["bottom_grad_norm"] = bottom * unscale
+        self._values = values
+        return self
+
+    def _indices(
+        self, with_grad: list[torch.nn.Parameter], device: torch.device
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor]:
+        """Index tensors for the per-layer and bottom-block sums, cached by the grad set.
+
+        Built on the host and cached: a fresh host-to-device copy every step would be a
+        sync point on a GPU.
+        """
+        key = (self._layout_key, tuple(id(p) for p in with_grad), device)
+        if key == self._index_key:
+            return self._index_cache
+        other = self._n_layers  # slot for tensors outside every layer
+        layer = [self._layer_of.get(id(p), other) for p in with_grad]
+        present = sorted(set(layer) - {other})  # layers with no gradient at all are left out
+        layer_index = None
+        if len(present) >= 2:
+            layer_index = (
+                torch.tensor(layer, device=device),
+                torch.tensor(present, device=device),
+            )
+        bottom = [i for i, p in enumerate(with_grad) if id(p) in self._bottom_ids]
+        bottom_index = torch.tensor(bottom, dtype=torch.long, device=device)
+        self._index_key, self._index_cache = key, (layer_index, bottom_index)
+        return self._index_cache
+
+    def reset(self) -> None:
+        super().reset()
+        self._layout_key = None
+        self._index_key = None

@@ -1,0 +1,264 @@
+"""The probe: measures every stability signal of a plain PyTorch training loop.
+
+Example::
+
+    probe = Probe(model, optimizer)
+    for x, y in loader:
+        logits, loss = model(x, y)
+        loss.backward()
+        probe.after_backward(loss)       # gradients, before any clipping
+        optimizer.step()
+        record = probe.after_step()      # {signal name: float}, NaN where not measured
+        optimizer.zero_grad()
+
+Where each call fires and what it reads: :mod:`collapse_guard.probe.state`. The
+probe observes only: it never changes parameters, gradients, optimizer state, module
+modes (they are restored) or the global RNG (forked around probe passes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from collapse_guard.probe.amp import AmpFamily
+from collapse_guard.probe.attention import AttentionFamily
+from collapse_guard.probe.capture import (
+    BatchCapture,
+    LogitsTap,
+    ProbePass,
+    isolated,
+    normalize_batch,
+    run_probe_pass,
+)
+from collapse_guard.probe.config import ProbeConfig
+from collapse_guard.probe.gradients import GradientFamily
+from collapse_guard.probe.layout import find_blocks, find_logits_module
+from collapse_guard.probe.outputs import OutputFamily, PredictionFamily
+from collapse_guard.probe.recorder import open_writer
+from collapse_guard.probe.sharpness import SharpnessFamily, loss_of
+from collapse_guard.probe.state import Event, ProbeState, SignalFamily, to_floats
+from collapse_guard.probe.system import SystemFamily
+from collapse_guard.probe.updates import UpdateFamily
+from collapse_guard.signals import SIGNAL_NAMES
+
+__all__ = ["FAMILIES", "Probe"]
+
+# Every family, in measuring order; together they cover SIGNAL_NAMES exactly.
+FAMILIES: tuple[type[SignalFamily], ...] = (
+    GradientFamily,
+    UpdateFamily,
+    OutputFamily,
+    AmpFamily,
+    AttentionFamily,
+    PredictionFamily,
+    SystemFamily,
+    SharpnessFamily,
+)
+
+
+class Probe:
+    """Observe a training loop: ``after_backward(loss)``, then ``after_step() -> record``.
+
+    Args:
+        model: the module being trained.
+        optimizer: its optimizer; ``lr`` is read from ``param_groups[0]``.
+        config: a :class:`ProbeConfig` or a mapping of its fields.
+        scaler: the AMP ``GradScaler``, if any (unscales gradient norms, gives
+            ``loss_scale`` and ``overflow``).
+        bottom_block: the lowest transformer block (module or dotted name); found
+            automatically for common layouts (``collapse_guard.probe.layout``).
+        logits_module: the layer whose output is the logits; default: last ``nn.Linear``.
+        attention_fn: escape hatch for models whose attention the probe cannot reach:
+            ``fn(model)`` returns attention probability tensors (..., heads, queries,
+            keys) or ``AttentionCapture`` objects; called inside the probe sandbox.
+        probe_batch: the fixed probe batch (a tensor, a tuple of args or a dict of
+            kwargs for ``model``); default: the first training forward's inputs, cut to
+            ``config.probe_batch_size`` sequences of at most ``config.probe_seq_len``.
+        sharpness_closure: ``fn() -> scalar loss`` for the sharpness family.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: ProbeConfig | Mapping[str, Any] | None = None,
+        *,
+        scaler: Any = None,
+        bottom_block: nn.Module | str | None = None,
+        logits_module: nn.Module | str | None = None,
+        attention_fn: Callable[[nn.Module], Sequence[Any]] | None = None,
+        probe_batch: Any = None,
+        sharpness_closure: Callable[[], torch.Tensor] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__name__}; "
+                "pass the module you call in the training loop"
+            )
+        if not hasattr(optimizer, "param_groups"):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        if config is None:
+            config = ProbeConfig()
+        elif isinstance(config, Mapping):
+            config = ProbeConfig.from_dict(config)
+        elif not isinstance(config, ProbeConfig):
+            raise TypeError(
+                f"config must be a ProbeConfig or a mapping, got {type(config).__name__}"
+            )
+        self.model, self.optimizer, self.config, self.scaler = model, optimizer, config, scaler
+        self.attention_fn = attention_fn
+        self.sharpness_closure = sharpness_closure
+        self.step = 0  # index of the optimizer step being measured, from 0
+        self.blocks = find_blocks(model)
+        self.bottom_block = self._module(bottom_block, "bottom_block") or (
+            self.blocks[0] if self.blocks else None
+        )
+        head = self._module(logits_module, "logits_module") or find_logits_module(model)
+        self._tap = LogitsTap(head) if head is not None else None
+        self._batch: tuple[tuple, dict] | None = None
+        self._capture: BatchCapture | None = None
+        if probe_batch is not None:
+            self._batch = normalize_batch(probe_batch)
+        else:
+            self._capture = BatchCapture(model, config.probe_batch_size, config.probe_seq_len)
+        self.families: tuple[SignalFamily, ...] = tuple(cls(config) for cls in FAMILIES)
+        self._loss: torch.Tensor | float | None = None
+        self._writer: Any = None
+
+    def _module(self, spec: nn.Module | str | None, what: str) -> nn.Module | None:
+        if spec is None or isinstance(spec, nn.Module):
+            return spec
+        try:
+            return self.model.get_submodule(spec)
+        except AttributeError:
+            names = [name for name, _ in self.model.named_modules() if name][:20]
+            raise ValueError(
+                f"{what}={spec!r} is not a submodule of the model; expected a dotted name "
+                f"such as {names}"
+            ) from None
+
+    @property
+    def probe_batch(self) -> tuple[tuple, dict] | None:
+        """The probe batch as ``(args, kwargs)``, once known."""
+        if self._batch is None and self._capture is not None:
+            self._batch = self._capture.batch
+        return self._batch
+
+    def _due(self, family: SignalFamily) -> bool:
+        period = getattr(self.config, family.period_field)
+        return period > 0 and self.step % period == 0
+
+    def _state(self, event: Event, **fields: Any) -> ProbeState:
+        return ProbeState(
+            step=self.step,
+            event=event,
+            model=self.model,
+            optimizer=self.optimizer,
+            loss=self._loss,
+            scaler=self.scaler,
+            blocks=self.blocks,
+            bottom_block=self.bottom_block,
+            **fields,
+        )
+
+    def after_backward(self, loss: torch.Tensor | float | None = None) -> None:
+        """Call after ``loss.backward()`` (the last micro-batch's), before clipping/step."""
+        self._loss = loss
+        state = self._state(Event.AFTER_BACKWARD)
+        for family in self.families:
+            if Event.AFTER_BACKWARD in family.events and self._due(family):
+                family.update(state)
+
+    def _loss_closure(self) -> Callable[[], torch.Tensor] | None:
+        if self.sharpness_closure is not None:
+            return self.sharpness_closure
+        batch = self.probe_batch
+        if batch is None:
+            return None
+        args, kwargs = batch
+        return lambda: loss_of(self.model(*args, **kwargs))
+
+    def after_step(self) -> dict[str, float]:
+        """Call after ``optimizer.step()``; returns every signal (NaN = not measured)."""
+        due = [family for family in self.families if self._due(family)]
+        lr = self.optimizer.param_groups[0]["lr"]
+        # a tensor lr (capturable optimizers) costs a sync here; plain floats do not
+        lr = float(lr)
+        probe_pass = None
+        if any(isinstance(f, (AttentionFamily, PredictionFamily)) for f in due):
+            probe_pass = run_probe_pass(self.model, self.probe_batch, self._tap, self.attention_fn)
+        state = self._state(
+            Event.AFTER_STEP,
+            logit_max=self._tap.take() if self._tap else None,
+            probe_pass=probe_pass or ProbePass([], None),
+            loss_closure=self._loss_closure(),
+            lr=lr,
+        )
+        for family in due:
+            if Event.AFTER_STEP not in family.events:
+                continue
+            if family.isolated:
+                with isolated(self.model, grad=True), self._tap_off():
+                    family.update(state)
+            else:
+                family.update(state)
+        pending: dict[str, torch.Tensor | float] = {}
+        for family in due:
+            pending.update(family.pending())
+        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
+        record.update(to_floats(pending))  # the step's one sync point
+        for family in self.families:
+            family.clear()
+        if self._writer is not None:
+            self._writer.append(self.step, record)
+        self.step += 1
+        self._loss = None
+        return record
+
+    @contextlib.contextmanager
+    def _tap_off(self) -> Iterator[None]:
+        """Sharpness forwards are not training forwards: keep them out of output_logit_max."""
+        if self._tap is None:
+            yield
+            return
+        self._tap.mode = "off"
+        try:
+            yield
+        finally:
+            self._tap.mode = "train"
+
+    def record_to(self, path: str | os.PathLike, meta: Any = None, chunk_steps: int = 256) -> Any:
+        """Append every record to a run file; returns its ``RunWriter``."""
+        if self._writer is not None and not self._writer.closed:
+            raise RuntimeError(
+                f"the probe already records to {self._writer.path}; call probe.close() "
+                "before recording to another file"
+            )
+        self._writer = open_writer(path, meta, chunk_steps)
+        return self._writer
+
+    def reset(self) -> None:
+        """Forget all history (previous updates, attention); the step counter stays."""
+        for family in self.families:
+            family.reset()
+
+    def close(self) -> None:
+        """Close the run file (if any) and remove the probe's hooks; safe to call twice."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None
+        if self._capture is not None:
+            self._batch = self.probe_batch
+            self._capture.remove()
+            self._capture = None

@@ -1,0 +1,138 @@
+"""Update family: parameter updates seen through a fixed random sketch.
+
+Each trainable tensor contributes ``sketch_size`` coordinates (all of them when it is
+smaller), drawn once with the probe's own ``torch.Generator`` so the global RNG is not
+consumed. The sketch is read before the step (at ``after_backward``) and after it
+(``after_step``); their difference is the step's update ``u`` restricted to the
+sketch, without a second copy of the model.
+
+=================  ===========================================================
+key                meaning
+=================  ===========================================================
+``update_cos``     cosine of this update with the previous one, over the whole
+                   sketch; NaN when either is zero (a skipped step is not an
+                   update: the previous non-zero one stays the reference)
+``update_flips``   max over tensors of the number of sign reversals in the last
+                   ``flip_window`` measured steps. A reversal of tensor i at step
+                   t: the projection of u_t^i on u_{t-1}^i is negative
+                   (<u_t^i, u_{t-1}^i> < 0), i.e. the tensor moved back
+``update_ratio``   max over weight tensors (>= 2 dims: matrices, embeddings) of
+                   ||u^i|| / ||param^i|| on the sketch, param after the step;
+                   biases and norm gains start at 0 or 1 and would dominate
+``param_norm``     global L2 norm of all trainable parameters (exact)
+=================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from collapse_guard.probe.config import ProbeConfig
+from collapse_guard.probe.state import Event, ProbeState, SignalFamily
+
+__all__ = ["UpdateFamily"]
+
+
+class UpdateFamily(SignalFamily):
+    keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
+    period_field = "update_every"
+    events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
+
+    def __init__(self, config: ProbeConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or ProbeConfig()
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self._param_ids: tuple[int, ...] = ()
+        self._index: list[torch.Tensor | None] = []  # per tensor: sketch coordinates
+        self._segment: torch.Tensor | None = None  # sketch position -> tensor number
+        self._weights: torch.Tensor | None = None  # tensor numbers counted by update_ratio
+        self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
+        self._last: torch.Tensor | None = None  # sketch after the last measured step
+        self._previous: torch.Tensor | None = None  # last non-zero update, per tensor
+        self._flips: torch.Tensor | None = None  # (flip_window, tensors) reversal flags
+        self._count = 0  # measured updates so far (ring position of _flips)
+
+    def _setup(self, params: list[torch.nn.Parameter]) -> None:
+        """Choose the sketch coordinates; forget history if the parameter set changed."""
+        ids = tuple(id(p) for p in params)
+        if ids == self._param_ids:
+            return
+        self.reset()
+        self._param_ids = ids
+        generator = torch.Generator().manual_seed(self.config.sketch_seed)
+        size, segments = self.config.sketch_size, []
+        device = params[0].device
+        for number, p in enumerate(params):
+            if p.numel() <= size:
+                self._index.append(None)
+                segments.append(torch.full((p.numel(),), number))
+            else:
+                # with replacement: randint is O(size), randperm would be O(numel)
+                index = torch.randint(p.numel(), (size,), generator=generator)
+                self._index.append(index.to(p.device))
+                segments.append(torch.full((size,), number))
+        self._segment = torch.cat(segments).to(device)
+        weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
+        self._weights = torch.tensor(weights, device=device)
+        self._flips = torch.zeros(self.config.flip_window, len(params), device=device)
+
+    def _sketch(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        device = self._segment.device
+        parts = []
+        for p, index in zip(params, self._index, strict=True):
+            flat = p.detach().reshape(-1)
+            parts.append((flat if index is None else flat[index]).to(device, torch.float32))
+        return torch.cat(parts)
+
+    def _per_tensor(self, values: torch.Tensor, n_tensors: int) -> torch.Tensor:
+        return torch.zeros(n_tensors, device=values.device).index_add_(0, self._segment, values)
+
+    def update(self, state: ProbeState) -> UpdateFamily:
+        params = [p for p in state.model.parameters() if p.requires_grad]
+        if not params:
+            return self
+        self._setup(params)
+        sketch = self._sketch(params)
+        if state.event is Event.AFTER_BACKWARD:
+            self._before = (state.step, sketch)
+            return self
+        before = self._before[1] if self._before and self._before[0] == state.step else self._last
+        self._before, self._last = None, sketch
+        norms = torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float32)
+        values: dict[str, torch.Tensor | float] = {
+            "param_norm": torch.stack([n.to(sketch.device) for n in norms]).square().sum().sqrt()
+        }
+        if before is None:  # first measured step and no sketch from before it
+            self._values = values
+            return self
+        n = len(params)
+        update = sketch - before
+        update_norm = self._per_tensor(update.square(), n).sqrt()
+        param_norm = self._per_tensor(sketch.square(), n).sqrt()
+        ratio = torch.where(param_norm > 0, update_norm / param_norm, 0.0)
+        values["update_ratio"] = ratio.index_select(0, self._weights).amax()
+
+        reversed_ = torch.zeros(n, device=update.device)
+        if self._previous is None:
+            values["update_cos"] = math.nan
+            self._previous = update
+        else:
+            dot = self._per_tensor(update * self._previous, n)
+            reversed_ = (dot < 0).float()
+            norm_now, norm_before = update.norm(), self._previous.norm()
+            both = (norm_now > 0) & (norm_before > 0)
+            cos = dot.sum() / (norm_now * norm_before).clamp_min(1e-30)
+            values["update_cos"] = torch.where(both, cos, math.nan)
+            # a tensor that did not move keeps its last real update as the reference
+            moved = (update_norm > 0).index_select(0, self._segment)
+            self._previous = torch.where(moved, update, self._previous)
+        self._flips[self._count % self.config.flip_window] = reversed_
+        self._count += 1
+        values["update_flips"] = self._flips.sum(dim=0).amax()
+        self._values = values
+        return self

@@ -1,0 +1,253 @@
+"""The synthetic generator: determinism, signal layout, outcomes, spread, resumability,
+agreement with the label, and the calibration machinery."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run, write_run
+from collapse_guard.datasets.synthetic import (
+    KINDS,
+    SamplerConfig,
+    compare_run_sets,
+    dataset_spikes,
+    generate_synthetic_runs,
+    label_agreement,
+    make_frame,
+    sample_spec,
+    synth_run,
+)
+from collapse_guard.datasets.synthetic.agreement import onset_agrees
+from collapse_guard.datasets.synthetic.calibration import ks_statistic
+from collapse_guard.datasets.synthetic.spec import EXPECTED_LABEL_KIND, RecoveredSpike, RunSpec
+from collapse_guard.signals import SIGNALS
+
+
+def _first_spec(kind: str, seed: int = 0, **changes) -> RunSpec:
+    """The first run of ``seed`` with this outcome, with ``changes`` applied."""
+    for index in range(500):
+        spec = sample_spec(index, seed)
+        if spec.kind == kind:
+            return replace(spec, **changes)
+    raise AssertionError(f"no {kind} run among the first 500 of seed {seed}")
+
+
+def test_same_spec_same_frame_and_seeds_differ():
+    a = make_frame(sample_spec(3, seed=7))
+    pd.testing.assert_frame_equal(a, make_frame(sample_spec(3, seed=7)))
+    assert sample_spec(3, seed=7) == sample_spec(3, seed=7)
+    assert sample_spec(3, seed=8) != sample_spec(3, seed=7)
+
+
+def test_worker_count_does_not_change_files(tmp_path):
+    n = 12  # more than one pool chunk, so the pool really runs
+    one = generate_synthetic_runs(n, tmp_path / "w1", seed=5, workers=1)
+    two = generate_synthetic_runs(n, tmp_path / "w2", seed=5, workers=2)
+    assert [p.name for p in one] == [p.name for p in two]
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_every_signal_with_its_measurement_period():
+    spec = _first_spec("healthy", gaps=(), amp=False, gpu=True, n_steps=1200)
+    frame = make_frame(spec)
+    assert tuple(frame.columns) == RUN_COLUMNS
+    assert frame["step"].tolist() == list(range(1200))
+    steps = frame["step"].to_numpy()
+    for sig in SIGNALS:
+        measured = np.isfinite(frame[sig.name].to_numpy())
+        if sig.period == 0 or sig.name == "loss_scale":  # curvature off; no AMP here
+            assert not measured.any(), sig.name
+        elif sig.period == 1:
+            assert measured.all(), sig.name
+        else:
+            on_probe = steps % sig.period == 0
+            assert not measured[~on_probe].any(), sig.name
+            expected = on_probe.copy()
+            if sig.name == "attn_kl":
+                expected[0] = False  # the first probe has nothing to compare with
+            assert (measured == expected).all(), sig.name
+    assert (frame["overflow"] == 0).all() and (frame["loss_nonfinite"] == 0).all()
+    assert (frame["event"] == "").all()
+
+
+def test_amp_run_has_a_grad_scaler():
+    spec = _first_spec("healthy", gaps=(), amp=True, gpu=True, n_steps=5000)
+    frame = make_frame(spec)
+    scale = frame["loss_scale"].to_numpy()
+    overflow = frame["overflow"].to_numpy()
+    assert scale[0] == 2.0**16 and np.isfinite(scale).all()
+    steps_log2 = np.diff(np.log2(scale))
+    assert set(np.unique(steps_log2)) <= {-1.0, 0.0, 1.0}
+    # halves after every overflow, and only then
+    assert (steps_log2[overflow[:-1] == 1] == -1).all()
+    assert (steps_log2[overflow[:-1] == 0] >= 0).all()
+    assert overflow[:50].sum() >= 1  # 2^16 is too high at first: GradScaler backs off
+    assert np.isinf(frame["grad_norm"][overflow == 1]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_outcome_is_labelled_as_intended(kind):
+    clear = {
+        "healthy": {"spikes": (), "gaps": ()},
+        "attention_entropy": {"rise": 0.7, "lead": 150},
+        "nonfinite": {},
+        "gradient_collapse": {"rise": 0.8},
+        "oscillation": {"rise": 1.0},
+    }[kind]
+    spec = _first_spec(kind, **clear)
+    _, meta = synth_run(spec)
+    assert meta.source == "synthetic"
+    assert meta.extra["synthetic_kind"] == kind
+    assert meta.extra["synthetic_onset"] == spec.onset
+    assert meta.extra["collapse_kind"] == EXPECTED_LABEL_KIND[kind]
+    assert onset_agrees(meta), (meta.onset_step, spec.onset)
+
+
+def test_attention_entropy_collapse_looks_like_the_measured_ones():
+    spec = _first_spec("attention_entropy", rise=0.6, lead=200, dsi=False)
+    frame = make_frame(spec)
+    onset = spec.onset
+    at = frame.set_index("step")
+    logits = at["attn_logit_max"].dropna()
+    assert logits.max() >= 1e4  # 1e4-1e7 measured
+    before = at.loc[onset - 250 : onset - 200]
+    just_before = at.loc[onset - 50 : onset - 1]
+    # entropy and logits move before onset; the gradient norm does not warn
+    assert just_before["attn_entropy_mean"].mean() < before["attn_entropy_mean"].mean()
+    assert just_before["attn_logit_max"].mean() > before["attn_logit_max"].mean()
+    grad_ratio = just_before["grad_norm"].median() / before["grad_norm"].median()
+    assert 0.5 < grad_ratio < 2.0
+    assert not np.isnan(frame["loss"]).any()  # no NaN at all in this kind
+    late = at.loc[onset + spec.rise_steps : onset + spec.rise_steps + 200, "loss"].median()
+    assert late - at.loc[onset - 100 : onset - 1, "loss"].median() > 0.4
+
+
+def test_recovered_spikes_are_hard_negatives():
+    spike = RecoveredSpike(step=600, height=1.2, rise=3, decay=20.0)
+    spec = _first_spec("healthy", gaps=(), false_dsi=None, spikes=(spike,))
+    _, meta = synth_run(spec)
+    assert meta.onset_step is None
+    assert any(abs(s["peak"] - spike.step) < 30 for s in meta.extra["spikes"])
+
+
+def test_data_spikes_recur_at_the_same_steps_across_seeds():
+    dataset = next(d for d in range(12) if sum(s < 1000 for s, _ in dataset_spikes(d)) >= 1)
+    spike_steps = [s for s, _ in dataset_spikes(dataset) if s < 1000]
+    for seed in (0, 1, 2):
+        spec = _first_spec("healthy", seed=seed, dataset=dataset, gaps=(), n_steps=1000, spikes=())
+        frame, meta = synth_run(spec)
+        loss = frame.set_index("step")["loss"]
+        for s in spike_steps:
+            neighbours = loss.loc[[s - 2, s - 1, s + 1, s + 2]].median()
+            assert loss.loc[s] - neighbours > 0.3, (seed, s)
+        assert meta.extra["data_spike_steps"] == spike_steps
+        assert meta.onset_step is None  # a bad batch is not instability
+
+
+def test_onsets_spread_and_collapse_share():
+    specs = [sample_spec(i, seed=11) for i in range(1500)]
+    collapsed = [s for s in specs if s.collapses]
+    share = len(collapsed) / len(specs)
+    assert abs(share - 0.4) < 0.05
+    fractions = np.array([s.onset / s.n_steps for s in collapsed])
+    assert (fractions < 0.25).mean() <= 0.4
+    assert (fractions > 0.5).mean() >= 0.2  # late onsets exist too
+    leads = np.array([s.lead for s in collapsed])
+    assert (leads == 0).any() and (leads >= 200).any()
+    assert 0.2 < np.mean([s.dsi for s in collapsed]) < 0.8  # DSI precursors in some only
+    healthy = [s for s in specs if not s.collapses]
+    assert any(s.false_dsi is not None for s in healthy)  # false precursors exist
+    assert {s.kind for s in specs} == set(KINDS)
+    low = [sample_spec(i, seed=11, config=SamplerConfig(collapse_share=0.15)) for i in range(800)]
+    assert abs(np.mean([s.collapses for s in low]) - 0.15) < 0.04
+
+
+def test_label_agrees_with_the_generator(tmp_path):
+    paths = generate_synthetic_runs(40, tmp_path, seed=3)
+    report = label_agreement(read_meta(p) for p in paths)
+    assert report.n == 40
+    assert report.rate(report.outcome_agree) >= 0.9, report.summary()
+    assert report.rate(report.onset_agree) >= 0.85, report.summary()
+
+
+def test_resumable_second_call_skips_existing(tmp_path):
+    first = generate_synthetic_runs(4, tmp_path, seed=2)
+    stamps = {p: p.stat().st_mtime_ns for p in first}
+    written: list[Path] = []
+    again = generate_synthetic_runs(6, tmp_path, seed=2, on_run=written.append)
+    assert again[:4] == first
+    assert {p.stat().st_mtime_ns for p in first} == set(stamps.values())
+    assert sorted(written) == again[4:]
+    assert generate_synthetic_runs(6, tmp_path, seed=2, on_run=written.append) == again
+    assert len(written) == 2
+
+
+def test_bad_arguments_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="n must be"):
+        generate_synthetic_runs(-1, tmp_path)
+    with pytest.raises(ValueError, match="workers must be"):
+        generate_synthetic_runs(1, tmp_path, workers=0)
+    with pytest.raises(ValueError, match="kind_weights"):
+        SamplerConfig(kind_weights={"meltdown": 1.0})
+
+
+def test_ks_statistic():
+    a = np.arange(10.0)
+    assert ks_statistic(a, a) == 0.0
+    assert ks_statistic(a, a + 100) == 1.0
+    assert math.isclose(ks_statistic(np.array([1.0, 2.0]), np.array([2.0, 3.0])), 0.5)
+
+
+@pytest.fixture(scope="module")
+def synthetic_sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("calib")
+    a = generate_synthetic_runs(30, root / "a", seed=101)
+    b = generate_synthetic_runs(30, root / "b", seed=202)
+    shifted = []
+    for i in range(30):
+        # A different regime: a larger-vocabulary model's loss, 3x the batch noise.
+        spec = sample_spec(i, seed=303)
+        spec = replace(spec, loss_floor=spec.loss_floor + 1.5, loss_noise=3 * spec.loss_noise)
+        shifted.append(write_run(root / "shifted" / f"{spec.run_id}.parquet", *synth_run(spec)))
+    return a, b, shifted
+
+
+def test_calibration_passes_for_two_seeds_of_one_generator(synthetic_sets):
+    a, b, _ = synthetic_sets
+    report = compare_run_sets(a, b)
+    assert report.passed, report.summary()
+    judged = {d.name for d in report.distances if d.judged}
+    assert {"loss_level", "loss_noise", "grad_norm_level", "collapse_share"} <= judged
+
+
+def test_calibration_fails_for_a_shifted_set(synthetic_sets):
+    a, _, shifted = synthetic_sets
+    report = compare_run_sets(a, shifted)
+    assert not report.passed
+    assert {"loss_level", "loss_noise"} <= set(report.failures), report.summary()
+
+
+@pytest.mark.slow
+def test_synthetic_matches_real_runs(tmp_path):
+    """Synthetic vs real small runs, when the real-run generator is available."""
+    real = pytest.importorskip("collapse_guard.datasets.real")
+    generate_real_runs = getattr(real, "generate_real_runs", None)
+    if generate_real_runs is None:
+        pytest.skip("collapse_guard.datasets.real does not expose generate_real_runs yet")
+    real_paths = generate_real_runs(
+        8, tmp_path / "real", workers=2, seed=0, steps=800, progress=False
+    )
+    synth_paths = generate_synthetic_runs(60, tmp_path / "synth", seed=0, workers=1)
+    report = compare_run_sets(real_paths, synth_paths)
+    print(report.summary())
+    levels = {d.name: d for d in report.distances}
+    for name in ("loss_level", "loss_noise"):
+        assert levels[name].passed, report.summary()
+    assert all(read_run(p)[1].source == "real" for p in real_paths)

@@ -1,0 +1,108 @@
+"""Tiny models and a loop for the probe's tests (each case small enough to reason exactly)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from collapse_guard.datasets.real.model import GPT, GPTConfig
+
+
+def tiny_gpt(dropout: float = 0.0, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=8, dropout=dropout))
+
+
+def token_batches(n: int, batch: int = 4, seq: int = 8, seed: int = 1) -> list:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randint(0, 256, (batch, seq), generator=generator),
+            torch.randint(0, 256, (batch, seq), generator=generator),
+        )
+        for _ in range(n)
+    ]
+
+
+def train(model, optimizer, batches, probe=None) -> list[dict]:
+    """The user's loop of DESIGN.md's public API; returns the probe's records."""
+    records = []
+    for x, y in batches:
+        _, loss = model(x, y)
+        loss.backward()
+        if probe is not None:
+            probe.after_backward(loss)
+        optimizer.step()
+        if probe is not None:
+            records.append(probe.after_step())
+        optimizer.zero_grad()
+    return records
+
+
+class UniformAttention(nn.Module):
+    """Zero queries: every query attends uniformly to all T keys (non-causal)."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
+
+        k, v = split(self.key(x)), split(self.value(x))
+        y = F.scaled_dot_product_attention(torch.zeros_like(k), k, v)
+        return self.head(y.transpose(1, 2).reshape(batch, seq, width))
+
+
+class MHAModel(nn.Module):
+    """nn.MultiheadAttention called with its defaults (need_weights=True)."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.head = nn.Linear(width, 5)
+        self.last_weights = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, self.last_weights = self.attn(x, x, x)
+        return self.head(y)
+
+
+class NoAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Layered(nn.Module):
+    """``layers``: a ModuleList of 1x1 linear layers, so each layer's gradient is one number."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(1, 1, bias=False) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Vector(nn.Module):
+    """One 2-D parameter; the loss is linear in it, so the gradient is whatever we say."""
+
+    def __init__(self, size: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2, size // 2))
+
+    def forward(self, direction: torch.Tensor) -> torch.Tensor:
+        return (self.w * direction).sum()
