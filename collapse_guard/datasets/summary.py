@@ -184,6 +184,9 @@ def plot_card(card: DatasetCard, path: str | Path) -> Path:
     ax_loss.set(title="Example loss curves (dashed: onset)", xlabel="step", ylabel="loss")
     if card.examples:
         ax_loss.legend(fontsize=6)
+        # sources differ by 10x in loss (Conformer CTC ~30 at start, LMs ~2): log keeps all readable
+        if all((frame["loss"].dropna() > 0).all() for _, frame, _ in card.examples):
+            ax_loss.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """FeatureExtractor: the public face of the features part.
 
-All methods end in the same kernel (:func:`~collapse_guard.features.stats.window_features`)
-fed by the same window builder (:mod:`collapse_guard.features.windows`):
+All methods end in the same kernel (:func:`~collapse_guard.features.stats.grid_features`)
+fed by the same grid builder (:mod:`collapse_guard.features.windows`):
 
 - ``transform_window(frame)``: one window, "now" = the frame's last row (guard, service);
 - ``transform_array(values, steps)``: the same without pandas, for tight loops;
@@ -17,8 +17,14 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.features.schema import FEATURE_VERSION, FeatureSchema, FeatureSchemaError
-from collapse_guard.features.stats import window_features
-from collapse_guard.features.windows import check_steps, dense_grid, frame_arrays, window_blocks
+from collapse_guard.features.stats import grid_features
+from collapse_guard.features.windows import (
+    check_steps,
+    dense_grid,
+    frame_arrays,
+    frame_tail,
+    grid_blocks,
+)
 from collapse_guard.signals import SIGNAL_NAMES, signal
 
 __all__ = ["DEFAULT_WINDOW", "FeatureExtractor"]
@@ -27,10 +33,10 @@ DEFAULT_WINDOW = (
     200  # steps; the horizon is 200 too, so the model sees as far back as it looks ahead
 )
 
-# Windows per kernel call in batch mode: 32 x 26 signals x 200 steps x 8 bytes = 1.3 MB
-# per temporary. Measured: temporaries that fit the cache make the kernel 2-3x faster
-# than 256-window blocks, and the 2 GB a whole 50,000-step run would take never exists.
-_BLOCK = 32
+# Windows per kernel call in batch mode. The big temporaries are the dense path's
+# (n_dense_signals, block, window) float64 arrays: 12 x 128 x 200 x 8 bytes = 2.5 MB,
+# about what the cache holds; the 2 GB a whole 50,000-step run would take never exists.
+_BLOCK = 128
 
 
 class FeatureExtractor:
@@ -88,7 +94,7 @@ class FeatureExtractor:
 
     def transform_window(self, frame: pd.DataFrame) -> np.ndarray:
         """Feature vector ``(n_features,)`` of the window ending at the frame's last row."""
-        steps, values = frame_arrays(frame, self.signals)
+        steps, values = frame_tail(frame, self.signals, self.window)
         return self._one(steps, values)
 
     def transform_array(
@@ -115,14 +121,16 @@ class FeatureExtractor:
 
     def transform_windows(self, frames: Sequence[pd.DataFrame]) -> np.ndarray:
         """``(len(frames), n_features)``: the last window of each frame (e.g. many runs)."""
-        grids = [self._last_grid(*frame_arrays(f, self.signals)) for f in frames]
-        if not grids:
-            return np.empty((0, len(self.schema.names)), dtype=np.float64)
-        out = [
-            window_features(np.stack(grids[a : a + _BLOCK]).transpose(0, 2, 1), self.signals)
-            for a in range(0, len(grids), _BLOCK)
-        ]
-        return np.concatenate(out)
+        grids = [self._last_grid(*frame_tail(f, self.signals, self.window)) for f in frames]
+        out = np.empty((len(grids), len(self.schema.names)), dtype=np.float64)
+        for a in range(0, len(grids), _BLOCK):
+            part = grids[a : a + _BLOCK]
+            # side by side on one grid: window i ends at column (i + 1) * window - 1
+            ends = np.arange(1, len(part) + 1) * self.window - 1
+            out[a : a + len(part)] = grid_features(
+                np.concatenate(part, axis=1), ends, self.signals, self.window
+            )
+        return out
 
     def transform_run(
         self,
@@ -142,15 +150,15 @@ class FeatureExtractor:
         ends = self._ends(run_steps, stride, steps)
         order = np.argsort(ends, kind="stable")
         out = np.empty((len(ends), len(self.schema.names)), dtype=np.float64)
-        blocks = window_blocks(run_steps, values, ends[order], self.window, _BLOCK)
-        for part, windows in blocks:
-            out[order[part]] = window_features(windows, self.signals)
+        blocks = grid_blocks(run_steps, values, ends[order], self.window, _BLOCK)
+        for part, grid, grid_ends in blocks:
+            out[order[part]] = grid_features(grid, grid_ends, self.signals, self.window)
         index = pd.Index(ends, name="step")
         return pd.DataFrame(out, index=index, columns=list(self.schema.names))
 
     def _one(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         grid = self._last_grid(steps, values)
-        return window_features(grid.T[None], self.signals)[0]
+        return grid_features(grid, [self.window - 1], self.signals, self.window)[0]
 
     def _last_grid(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         if not len(steps):

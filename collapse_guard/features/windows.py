@@ -7,6 +7,10 @@ steps of training, a signal measured every 50 steps shows up as values 50 rows a
 and the window at the start of a run is NaN-padded in front. Streaming and batch build
 windows with the same function (:func:`dense_grid`), so they hand the kernel the same
 numbers.
+
+Batch hands the kernel one block of a run at a time (:func:`grid_blocks`): the grid of
+the steps the block's windows cover, and the column of each window's "now". A
+streaming window is the same with a ``W``-column grid and one end.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["check_steps", "dense_grid", "frame_arrays", "window_blocks"]
+__all__ = [
+    "check_steps",
+    "dense_grid",
+    "frame_arrays",
+    "frame_tail",
+    "grid_blocks",
+    "window_blocks",
+]
 
 _SORT_HINT = "sort by step and keep one row per step, e.g. frame.sort_values('step')" + (
     ".drop_duplicates('step', keep='last')"
@@ -73,6 +84,72 @@ def frame_arrays(frame: pd.DataFrame, signals: Sequence[str]) -> tuple[np.ndarra
     return steps, values
 
 
+def frame_tail(
+    frame: pd.DataFrame, signals: Sequence[str], rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`frame_arrays` of the frame's last ``rows`` rows, without building frames.
+
+    One window of ``rows`` steps can only hold the last ``rows`` rows (steps are
+    strictly increasing), so only those are read and checked. Column positions are
+    cached for frames that share their columns (``Index.is_``: slices of one frame);
+    plain numpy columns are read directly. Anything else (extension dtypes, duplicate
+    column names, an old or new pandas) takes :func:`frame_arrays`, which has the
+    error messages.
+    """
+    if not isinstance(frame, pd.DataFrame) or "step" not in frame.columns:
+        return frame_arrays(frame, signals)
+    positions = _positions(frame.columns, tuple(signals))
+    start = max(len(frame) - rows, 0)
+    try:
+        if positions is None:
+            raise TypeError("not plain columns")
+        step_col = _column(frame, positions[0])
+        try:
+            steps = check_steps(step_col[start:])
+        except ValueError:
+            check_steps(step_col)  # the same error, with row numbers of the whole frame
+            raise
+        values = np.full((len(signals), len(steps)), np.nan, dtype=np.float64)
+        for i, j in enumerate(positions[1:]):
+            if j >= 0:
+                values[i] = _column(frame, j)[start:]
+    except TypeError:
+        return frame_arrays(frame.iloc[start:], signals)
+    return steps, values
+
+
+_POSITIONS: dict[tuple[str, ...], tuple[pd.Index, list[int] | None]] = {}
+
+
+def _positions(columns: pd.Index, signals: tuple[str, ...]) -> list[int] | None:
+    """Column positions of ``step`` then each signal (-1 when absent); None when a name
+    is not a unique column. The last columns seen per signal tuple are cached."""
+    cached = _POSITIONS.get(signals)
+    if cached is not None and cached[0].is_(columns):
+        return cached[1]
+    positions: list[int] | None = []
+    for name in ("step", *signals):
+        loc = columns.get_loc(name) if name in columns else -1
+        if not isinstance(loc, int):
+            positions = None
+            break
+        positions.append(loc)
+    if len(_POSITIONS) > 64:
+        _POSITIONS.clear()
+    _POSITIONS[signals] = (columns, positions)
+    return positions
+
+
+def _column(frame: pd.DataFrame, j: int) -> np.ndarray:
+    """Column ``j`` as its numpy array (no copy), or TypeError unless plain numeric."""
+    # pandas' own per-column accessor: frame.iloc[:, j] builds a Series (~50x slower)
+    getter = getattr(frame, "_get_column_array", None)
+    arr = getter(j) if getter is not None else None
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iufb":
+        raise TypeError(f"column {j} is not a plain numeric numpy column")
+    return arr
+
+
 def dense_grid(steps: np.ndarray, values: np.ndarray, first: int, last: int) -> np.ndarray:
     """``(n_signals, last - first + 1)`` values on every step of ``first..last``.
 
@@ -83,6 +160,27 @@ def dense_grid(steps: np.ndarray, values: np.ndarray, first: int, last: int) -> 
     grid = np.full((values.shape[0], last - first + 1), np.nan, dtype=np.float64)
     grid[:, steps[lo:hi] - first] = values[:, lo:hi]
     return grid
+
+
+def grid_blocks(
+    steps: np.ndarray, values: np.ndarray, ends: np.ndarray, window: int, block: int
+) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Yield ``(slice of ends, grid (n_signals, span), ends as grid columns)`` for
+    sorted ``ends``, ``block`` ends at a time.
+
+    Only one block's span of the dense grid exists at a time, so memory stays
+    ``n_signals x (block span + window)`` however long the run is. Where the block's
+    rows are already one per step, the grid is a view of ``values`` (no copy).
+    """
+    for a in range(0, len(ends), block):
+        part = ends[a : a + block]
+        first, last = int(part[0]) - window + 1, int(part[-1])
+        lo, hi = np.searchsorted(steps, [first, last + 1])
+        if hi - lo == last - first + 1:  # every step has its row: nothing to fill
+            grid = values[:, lo:hi]
+        else:
+            grid = dense_grid(steps, values, first, last)
+        yield slice(a, a + len(part)), grid, part - first
 
 
 def window_blocks(

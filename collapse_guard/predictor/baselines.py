@@ -169,7 +169,11 @@ class ZClipBaseline(Baseline):
             clipped = mean + (self.z_thresh**2 / z) * std if z > self.z_thresh else gi
             mean = self.alpha * mean + (1 - self.alpha) * clipped
             var = self.alpha * var + (1 - self.alpha) * (clipped - mean) ** 2
-        return np.where(_measured_nonfinite(frame, "grad_norm"), np.inf, z_out)
+        # an AMP overflow step (overflow = 1) is the scaler's business: it skips the step,
+        # which is healthy behaviour; any other non-finite norm is a blow-up
+        overflow = _column(frame, "overflow") >= 1
+        blowup = _measured_nonfinite(frame, "grad_norm") & ~overflow
+        return np.where(blowup, np.inf, z_out)
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
         return np.nan_to_num(self.score_run(frame), nan=-np.inf) > self.z_thresh
@@ -198,8 +202,9 @@ class KillLossSpikeBaseline(Baseline):
             ratio = loss / mean
         ratio = np.where(_measured_nonfinite(frame, "loss"), np.inf, ratio)
         high = np.zeros(loss.size, dtype=bool)
-        if loss.size > self.window:
-            cap = np.nanmax(finite.to_numpy()[: self.window])
+        first_window = finite.to_numpy()[: self.window]
+        if loss.size > self.window and np.isfinite(first_window).any():
+            cap = np.nanmax(first_window)
             over = (prev > cap).astype(float).rolling(self.window, min_periods=self.window).sum()
             high = over.to_numpy() >= self.window / 2
             high[: 2 * self.window] = False

@@ -39,20 +39,34 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))  # overflow-free form of 1 / (1 + exp(-z))
 
 
+def _platt_loss(a: float, b: float, z: np.ndarray, t: np.ndarray) -> float:
+    m = a * z + b
+    # log(1 + exp(m)) - t * m, written to stay finite for large |m|
+    return float(np.sum(np.logaddexp(0.0, m) - t * m))
+
+
 def _fit_platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     # Platt's target smoothing keeps a and b finite when the classes separate perfectly
     n_pos, n_neg = float(y.sum()), float(y.size - y.sum())
     t = np.where(y == 1, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2))
     a, b = 1.0, 0.0
-    for _ in range(100):  # Newton's method on the (convex) log loss
+    loss = _platt_loss(a, b, z, t)
+    for _ in range(100):  # Newton's method with backtracking on the convex log loss
         p = _sigmoid(a * z + b)
         w = np.maximum(p * (1 - p), 1e-12)
         g = np.array([np.dot(p - t, z), np.sum(p - t)])
         h = np.array([[np.dot(w, z * z), np.dot(w, z)], [np.dot(w, z), w.sum()]])
-        h += 1e-9 * np.eye(2)
-        step = np.linalg.solve(h, g)
-        a, b = a - step[0], b - step[1]
-        if np.max(np.abs(step)) < 1e-10:
+        step = np.linalg.solve(h + 1e-9 * np.eye(2), g)
+        scale = 1.0
+        while scale > 1e-8:
+            new_loss = _platt_loss(a - scale * step[0], b - scale * step[1], z, t)
+            if new_loss <= loss:
+                break
+            scale /= 2  # a full Newton step can overshoot far from the optimum
+        a, b = a - scale * step[0], b - scale * step[1]
+        converged = loss - new_loss < 1e-10 * max(1.0, abs(loss))
+        loss = min(loss, new_loss)
+        if converged:
             break
     return float(a), float(b)
 

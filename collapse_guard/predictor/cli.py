@@ -55,21 +55,18 @@ def run_paths(sources: list[Path]) -> list[Path]:
 
 
 def _scorer_table(report, title: str, source: str = "all"):
-    """Rich table of every scorer at the false-alarm budget (and the model at its levels)."""
+    """Rich table: every scorer at the false-alarm budget, and the model at its stored levels.
+
+    ``lead`` is the median lead time of caught collapses, in steps.
+    """
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title)
-    for column in (
-        "scorer",
-        "point",
-        "recall",
-        "caught",
-        "median lead",
-        "FA/10k",
-        "PR-AUC",
-        "Brier",
-    ):
-        table.add_column(column, justify="left" if column in ("scorer", "point") else "right")
+    # SIMPLE_HEAD and short headers: the table must fit 80 columns (rich's width off a tty)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("scorer", "alarm at", "recall", "caught", "lead", "FA/10k", "PR-AUC", "Brier"):
+        text = column in ("scorer", "alarm at")
+        table.add_column(column, justify="left" if text else "right", no_wrap=text)
 
     def fmt(value, digits: int = 3) -> str:
         return "—" if value is None or value != value else f"{value:.{digits}g}"
@@ -81,7 +78,7 @@ def _scorer_table(report, title: str, source: str = "all"):
         style = "bold" if r.scorer == "model" and r.operating_point == "budget" else None
         table.add_row(
             r.scorer,
-            r.operating_point,
+            r.operating_point.removeprefix("level:"),
             fmt(r.recall),
             f"{r.caught}/{r.n_collapsed}",
             fmt(r.median_lead),
@@ -228,10 +225,11 @@ def evaluate_command(
 
 
 def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:
-    from collapse_guard.predictor.levels import alarm_starts
+    from collapse_guard.predictor.levels import LEVELS, alarm_starts
 
     out = {}
-    for level, threshold in thresholds.items():
+    for level in LEVELS:  # watch, warn, critical: the order a run escalates through
+        threshold = thresholds[level]
         starts = alarm_starts(risk.to_numpy(), threshold)
         out[level] = int(risk.index[starts[0]]) if len(starts) else None
     return out

@@ -19,6 +19,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 __all__ = ["CollapsePredictor", "FeatureMismatchError", "check_feature_names"]
@@ -123,6 +124,12 @@ class CollapsePredictor(ClassifierMixin, BaseEstimator):
         }
 
     def _encode_y(self, y: np.ndarray) -> np.ndarray:
+        check_classification_targets(y)  # "Unknown label type: continuous" for floats
+        if type_of_target(y) == "multiclass":
+            raise ValueError(
+                "Only binary classification is supported. CollapsePredictor predicts "
+                f"collapse (1) or not (0); got classes {np.unique(y).tolist()[:10]}"
+            )
         classes = np.unique(y)
         if classes.size != 2:
             raise ValueError(
@@ -192,4 +199,5 @@ class CollapsePredictor(ClassifierMixin, BaseEstimator):
 
     def predict(self, X) -> np.ndarray:
         """The more likely class of each row."""
+        check_is_fitted(self)
         return self.classes_[(self.raw_proba(X) >= 0.5).astype(int)]

@@ -194,7 +194,11 @@ def run_risk_plot(
     loss_ax.set_ylabel("loss")
     for ax, name in zip(signal_axes, signals, strict=True):
         values = frame[name].to_numpy(dtype=float)
-        ax.plot(steps, values, lw=0.8)
+        # Probe-batch signals are measured every 50 steps and NaN between: drawn through
+        # the NaNs they would vanish, so plot the measured points, marked when sparse.
+        measured = np.isfinite(values)
+        sparse = measured.mean() < 0.5
+        ax.plot(steps[measured], values[measured], lw=0.8, marker="." if sparse else None, ms=3)
         # Norms and logits span decades before a collapse; a log axis keeps the run readable.
         if np.nanmin(np.abs(values)) > 0 and np.nanmax(values) / np.nanmin(values) > 100:
             ax.set_yscale("log")

@@ -120,7 +120,7 @@ def champion_version(model_name: str = MODEL_NAME) -> str | None:
     """The version the ``champion`` alias points at, or None when there is none yet."""
     client = _use_store()
     try:
-        return client.get_model_version_by_alias(model_name, CHAMPION).version
+        return str(client.get_model_version_by_alias(model_name, CHAMPION).version)
     except MlflowException:
         # Raised both when the registered model does not exist and when it has no alias.
         return None
@@ -229,6 +229,13 @@ def _signature() -> ModelSignature:
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 
+# What a request looks like: a few steps of a run with only the signals logs always have.
+# MLflow stores it with the model and checks the signature against it when logging.
+_INPUT_EXAMPLE = pd.DataFrame(
+    {"step": [0, 1, 2], "loss": [2.51, 2.48, 2.50], "grad_norm": [0.91, 0.87, 0.95]}
+)
+
+
 def beats(new: Mapping[str, float], old: Mapping[str, float]) -> bool:
     """True when ``new`` is strictly better: higher primary metric, or equal and higher PR-AUC."""
 
@@ -288,7 +295,7 @@ def log_training(
     it is applied to the new model and to the champion so that both face the same runs.
     ``artifacts``: a folder (plots, tables) logged under ``plots/``.
     """
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.risk import ModelFormatError, RiskModel
 
     client = _use_store()
     experiment_id = ensure_experiment(experiment)
@@ -319,6 +326,7 @@ def log_training(
             python_model=RiskPyfunc(),
             artifacts={FOLDER_ARTIFACT: str(folder)},
             signature=_signature(),
+            input_example=_INPUT_EXAMPLE,
             pip_requirements=_PIP_REQUIREMENTS,
             registered_model_name=model_name if register else None,
         )
@@ -335,14 +343,22 @@ def log_training(
         if record.previous_champion is None:
             record.promoted, record.reason = True, "first registered model"
         else:
-            champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
-            record.champion_scores = dict(score(champion))
-            record.promoted = beats(record.new_scores, record.champion_scores)
-            verdict = "beats" if record.promoted else "does not beat"
-            record.reason = (
-                f"v{record.version} {verdict} champion v{record.previous_champion} on "
-                f"{PRIMARY_METRIC} then {TIE_BREAK_METRIC}"
-            )
+            try:
+                champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
+            except ModelFormatError as error:
+                # A champion this code cannot run (older feature version or folder
+                # format) serves no one: the new model replaces it.
+                champion = None
+                record.promoted = True
+                record.reason = f"champion v{record.previous_champion} cannot be loaded: {error}"
+            if champion is not None:
+                record.champion_scores = dict(score(champion))
+                record.promoted = beats(record.new_scores, record.champion_scores)
+                verdict = "beats" if record.promoted else "does not beat"
+                record.reason = (
+                    f"v{record.version} {verdict} champion v{record.previous_champion} on "
+                    f"{PRIMARY_METRIC} then {TIE_BREAK_METRIC}"
+                )
         comparison = {f"compare.new.{k}": v for k, v in record.new_scores.items()}
         comparison |= {f"compare.champion.{k}": v for k, v in record.champion_scores.items()}
         mlflow.log_metrics(_clean_metrics(comparison))

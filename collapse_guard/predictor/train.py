@@ -136,7 +136,8 @@ def train_risk_model(
         progress: called with a line of text after each stage (e.g. ``print``).
     """
     t0 = time.perf_counter()
-    runs = load_runs(run_paths)
+    # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order
+    runs = sorted(load_runs(run_paths), key=lambda r: r.run_id)
     split = split_runs([r.meta for r in runs], seed=seed, fractions=fractions)
     by_split = {name: [r for r in runs if split.of(r.run_id) == name] for name in split.to_dict()}
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))

@@ -238,7 +238,7 @@ class Probe:
 
     def record_to(self, path: str | os.PathLike, meta: Any = None, chunk_steps: int = 256) -> Any:
         """Append every record to a run file; returns its ``RunWriter``."""
-        if self._writer is not None and not self._writer.closed:
+        if self._writer is not None:
             raise RuntimeError(
                 f"the probe already records to {self._writer.path}; call probe.close() "
                 "before recording to another file"
@@ -255,6 +255,7 @@ class Probe:
         """Close the run file (if any) and remove the probe's hooks; safe to call twice."""
         if self._writer is not None:
             self._writer.close()
+            self._writer = None  # later steps are not recorded (until record_to again)
         if self._tap is not None:
             self._tap.remove()
             self._tap = None

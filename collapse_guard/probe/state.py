@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -59,7 +59,6 @@ class ProbeState:
     probe_pass: Any = None  # capture.ProbePass of this step's probe-batch pass, if any
     loss_closure: Callable[[], torch.Tensor] | None = None  # for sharpness
     lr: float = math.nan  # first param group's lr, read after the step
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class SignalFamily:

@@ -142,3 +142,31 @@ def test_pyfunc_model_scores_a_run_like_the_risk_model(store, models):
 def test_loading_an_unknown_model_says_what_to_do(store):
     with pytest.raises(ValueError, match="collapse-guard train"):
         registry.load_model_folder("models:/no-such-model@champion")
+
+
+def test_a_champion_this_code_cannot_load_is_replaced(store, models, monkeypatch):
+    from collapse_guard.predictor.risk import ModelFormatError
+
+    good, _, _ = models
+    name = "cp-stale"
+
+    def log():
+        return registry.log_training(
+            good,
+            metrics={},
+            score=lambda m: {"recall_at_warn": 0.5, "pr_auc": 0.5},
+            params={},
+            fingerprint="f",
+            experiment="stale",
+            model_name=name,
+        )
+
+    assert log().promoted
+
+    def stale(cls, source=None):
+        raise ModelFormatError("feature version 0, this code computes version 1")
+
+    monkeypatch.setattr(RiskModel, "load", classmethod(stale))
+    second = log()
+    assert second.promoted and "cannot be loaded" in second.reason
+    assert registry.champion_version(name) == "2"

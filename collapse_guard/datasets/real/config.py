@@ -7,6 +7,7 @@ run file's metadata, so a run describes itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 __all__ = ["FAULTS", "PRECISIONS", "RealRunConfig"]
@@ -20,6 +21,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 @dataclass
 class RealRunConfig:
     # run
+    recipe: str = "custom"  # which sampler recipe drew this config (sampler.RECIPES)
     seed: int = 0  # seeds the init, the batch order and the fault's random bytes
     steps: int = 1200  # optimizer steps; ~25 ms each at the defaults on one CPU thread
     # model (collapse_guard.datasets.real.model.GPTConfig)
@@ -81,6 +83,14 @@ class RealRunConfig:
                 f"unknown RealRunConfig keys {unknown}; expected a subset of {sorted(known)}"
             )
         return cls(**data)
+
+    def lr_at(self, step: int) -> float:
+        """Scheduled LR: linear warmup from 0 to ``lr``, then cosine to ``lr * min_lr_ratio``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
+        floor = self.lr * self.min_lr_ratio
+        return floor + 0.5 * (self.lr - floor) * (1.0 + math.cos(math.pi * progress))
 
     def model_config(self):
         """The ``GPTConfig`` of this run (imports torch)."""

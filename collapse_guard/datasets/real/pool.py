@@ -51,7 +51,15 @@ def run_task(config: dict, path: str, run_id: str) -> RunResult:
     return run_real(RealRunConfig.from_dict(config), Path(path), run_id)
 
 
+def _results_in_process(tasks: list[tuple[dict, str, str]]) -> Iterator[RunResult]:
+    from collapse_guard.datasets.real.runner import run_real
+
+    for config, path, run_id in tasks:
+        yield run_real(RealRunConfig.from_dict(config), Path(path), run_id)
+
+
 def _results_from_pool(tasks: list[tuple[dict, str, str]], workers: int) -> Iterator[RunResult]:
+    _single_threaded_env()  # children inherit the parent's environment at spawn
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_single_threaded_env) as pool:
         futures = [pool.submit(run_task, *task) for task in tasks]
@@ -86,7 +94,8 @@ def generate_real_runs(
     """Make (or finish making) ``n`` labelled real runs in ``out``; return their paths.
 
     ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); without it the
-    runs go to a local spawn pool of ``workers`` processes.
+    runs go to a local spawn pool of ``workers`` processes. One worker (or one run
+    left to do) runs in this process, with its torch thread settings: no start-up cost.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}; pass the number of runs to make")
@@ -101,11 +110,12 @@ def generate_real_runs(
         for i, (config, path) in enumerate(zip(configs, paths))
         if not path.exists()
     ]
-    _single_threaded_env()  # inherited by spawned children, before they import anything
     if scheduler is not None:
         results = _results_from_dask(tasks, scheduler)
+    elif workers == 1 or len(tasks) <= 1:
+        results = _results_in_process(tasks)
     else:
-        results = _results_from_pool(tasks, min(workers, max(1, len(tasks))))
+        results = _results_from_pool(tasks, min(workers, len(tasks)))
     _drain(results, total=n, done=n - len(tasks), show=progress and bool(tasks))
     return paths
 

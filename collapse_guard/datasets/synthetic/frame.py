@@ -93,9 +93,26 @@ def make_frame(spec: RunSpec) -> pd.DataFrame:
                     cols[name] = np.where(span, math.nan, cols[name])
     if spec.truncate_after is not None and spec.onset is not None:
         keep &= steps <= spec.onset + spec.truncate_after
+    _as_measured(cols)
     frame = pd.DataFrame({"step": steps, **{name: cols[name] for name in RUN_COLUMNS[1:-1]}})
     frame["event"] = ""
     return frame.loc[keep].reset_index(drop=True)
+
+
+def _as_measured(cols: dict[str, np.ndarray]) -> None:
+    """Round to what the probe can report: float32 tensors, integer bytes, NVML milliwatts.
+
+    The probe reads float32 tensors (``.item()`` of a float32 is float32-exact), so
+    finer digits would be noise no real run has; it also makes files ~40% smaller.
+    The LR is a Python float in the param group and stays float64.
+    """
+    for name, values in cols.items():
+        if name in ("host_mem_available", "gpu_mem_used"):
+            cols[name] = np.round(values / 1024) * 1024  # /proc/meminfo counts kB
+        elif name == "gpu_power_w":
+            cols[name] = np.round(values * 1000) / 1000  # NVML reports milliwatts
+        elif name != "lr":
+            cols[name] = values.astype(np.float32).astype(np.float64)
 
 
 def _diverge(

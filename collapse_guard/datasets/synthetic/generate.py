@@ -28,7 +28,7 @@ from collapse_guard.datasets.synthetic.spec import RunSpec
 __all__ = ["generate_synthetic_runs", "synth_run"]
 
 # Runs handed to a worker at a time: large enough to amortise inter-process traffic
-# (each run is ~15 ms of work), small enough to keep the progress bar moving.
+# (a run is tens of ms: build, label, write), small enough to keep the bar moving.
 _CHUNK = 8
 
 

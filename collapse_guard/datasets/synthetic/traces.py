@@ -108,7 +108,8 @@ def gradient_traces(c: Ctx) -> dict[str, np.ndarray]:
     g = np.where(sh.data_spike > 0, g * rng.uniform(3, 20), g)
     bottom = g * rng.uniform(0.08, 0.4) * c.lognormal(0.2)
     cv_level = rng.uniform(0.15, 0.36)
-    cv = (cv_level + 0.35 * np.exp(-t / 150)) * c.lognormal(rng.uniform(0.05, 0.15))
+    cv = cv_level + 0.35 * np.exp(-t / 150)
+    cv_noise = c.lognormal(rng.uniform(0.05, 0.15))  # applied last: precursors are noisy too
     cv = np.where(sh.data_spike > 0, cv * rng.uniform(1.2, 2.0), cv)
 
     if spec.onset is not None:
@@ -133,7 +134,7 @@ def gradient_traces(c: Ctx) -> dict[str, np.ndarray]:
             g = g * (1 + 1.5 * sh.pre) * wiggle * grow
             bottom = bottom * (1 + 1.5 * sh.pre) * wiggle * grow
     dsi = c.dsi_ramp
-    cv = cv * (1 - dsi) + c.dsi_target((0.5, 0.9), (0.5, 0.9)) * dsi
+    cv = (cv * (1 - dsi) + c.dsi_target((0.5, 0.9), (0.5, 0.9)) * dsi) * cv_noise
     return {
         "grad_norm": g,
         "bottom_grad_norm": bottom,
@@ -147,7 +148,7 @@ def update_traces(c: Ctx) -> dict[str, np.ndarray]:
     cos_level = rng.uniform(0.3, 0.75)
     # Adam's first updates all point the same way (momentum fills up): cos near 1.
     cos = cos_level + (0.95 - cos_level) * np.exp(-t / 20)
-    cos = cos + rng.uniform(0.03, 0.08) * rng.standard_normal(t.size)
+    cos_noise = rng.uniform(0.03, 0.08) * rng.standard_normal(t.size)  # applied last
     flip_p = np.full(t.size, rng.uniform(0.08, 0.3))
     ratio = c.lr * rng.uniform(5, 40) * c.lognormal(0.1)
     p0 = rng.uniform(8, 40)
@@ -167,10 +168,11 @@ def update_traces(c: Ctx) -> dict[str, np.ndarray]:
             ratio = ratio * 10 ** (rng.uniform(0.3, 1.5) * sh.pre**2)
             param = param * (1 + 0.2 * sh.pre**2)
         elif spec.kind == "gradient_collapse":
-            cos = np.where(sh.after, rng.uniform(0.0, 0.3) + 0.2 * rng.standard_normal(t.size), cos)
+            cos = np.where(sh.after, rng.uniform(0.0, 0.3), cos)
+            cos_noise = np.where(sh.after, 0.2 * rng.standard_normal(t.size), cos_noise)
             ratio = np.where(sh.after, ratio * rng.uniform(0.03, 0.2), ratio)
     dsi = c.dsi_ramp
-    cos = cos * (1 - dsi) + c.dsi_target((-0.3, 0.05), (0.92, 0.99)) * dsi
+    cos = cos * (1 - dsi) + c.dsi_target((-0.3, 0.05), (0.92, 0.97)) * dsi + cos_noise
     # "most reversals of any tensor in the last 10 steps": at most 9 possible, fewer early.
     flips = rng.binomial(np.minimum(t, 9).astype(np.int64), np.clip(flip_p, 0, 1)).astype(float)
     return {
@@ -193,7 +195,6 @@ def attention_traces(c: Ctx) -> dict[str, np.ndarray]:
     logit = (rng.uniform(1, 3) + (logit_level - 2) * settle) * c.lognormal(0.05)
     kl_level = rng.uniform(0.25, 0.9)
     kl = kl_level + (rng.uniform(1.5, 4) - kl_level) * np.exp(-t / rng.uniform(100, 400))
-    kl = kl * c.lognormal(0.3)
     heads = int(rng.choice([4, 8, 12, 16]))
     sat_p = np.full(t.size, rng.uniform(0.0, 0.12))
 
@@ -227,13 +228,13 @@ def attention_traces(c: Ctx) -> dict[str, np.ndarray]:
         elif spec.kind == "nonfinite":
             logit = logit * 10 ** (rng.uniform(0.3, 1.5) * sh.pre**2)
         elif spec.kind == "gradient_collapse":
-            kl = np.where(sh.after, rng.uniform(0.003, 0.05) * c.lognormal(0.3), kl)
+            kl = np.where(sh.after, rng.uniform(0.003, 0.05), kl)
             sat_p = sat_p + rng.uniform(0.5, 0.9) * sh.post
         elif spec.kind == "oscillation":
             logit = logit * (1 + 0.5 * sh.pre + sh.post)
             kl = kl * (1 + sh.post)
     dsi = c.dsi_ramp
-    kl = kl * (1 - dsi) + c.dsi_target((0.03, 0.18), (1.6, 3.5)) * dsi
+    kl = (kl * (1 - dsi) + c.dsi_target((0.03, 0.18), (1.6, 3.5)) * dsi) * c.lognormal(0.3)
     saturation = rng.binomial(heads, np.clip(sat_p, 0, 1)) / heads
     kl[0] = math.nan  # the first probe has no previous attention to compare with
     return {

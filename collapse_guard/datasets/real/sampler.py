@@ -1,0 +1,151 @@
+"""The config sampler: a sweep of runs where the learning rate alone does not tell.
+
+Measured here (issue 3): at Adam LR >= ~0.05 without qk-layernorm the attention
+collapses; LR alone then separates collapsing from healthy runs with AUROC ~0.9, and a
+predictor trained on such a sweep learns nothing but the LR. So each run is drawn
+from one of several *recipes*, mixed so that collapses also come at moderate LR
+(faults, fragile set-ups) and high LR also comes with healthy runs (qk-layernorm):
+
+==============  ======  =============================================================
+recipe          weight  what it draws
+==============  ======  =============================================================
+``baseline``    0.20    moderate LR, any qk-norm: healthy, with the odd recovered spike
+``high_lr_qk``  0.15    high LR with qk-layernorm: hard negatives
+``high_lr``     0.20    high LR without qk-norm: attention-entropy collapse; long
+                        warmups move the onset later
+``fault``       0.30    moderate LR plus one injected fault in the second half of the
+                        run; mild ones give recovered spikes, severe ones collapses
+``fragile``     0.15    moderate LR in a fragile set-up: post-LN without warmup,
+                        tiny beta2 and eps without clipping, fp16 without a loss
+                        scaler, or a large init scale
+==============  ======  =============================================================
+
+Every recipe also draws the nuisance knobs (depth and width, batch size, weight
+decay, beta2, clipping, bf16, warmup, final LR) so that none of them gives the answer
+away. Run ``i`` of a sweep depends only on ``(seed, i)``: a sweep of 10 is the first
+10 runs of a sweep of 200, which is what makes a generation resumable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from collapse_guard.datasets.real.config import RealRunConfig
+
+__all__ = ["RECIPES", "sample_config", "sample_configs"]
+
+RECIPES: dict[str, float] = {
+    "baseline": 0.20,
+    "high_lr_qk": 0.15,
+    "high_lr": 0.20,
+    "fault": 0.30,
+    "fragile": 0.15,
+}
+
+# (n_layer, d_model): the default shape most often, the others about as costly on
+# average (the wide one costs ~1.8x a step, the shallow one ~0.6x)
+_SHAPES = ((2, 64), (1, 64), (3, 48), (2, 96))
+_SHAPE_P = (0.55, 0.15, 0.15, 0.15)
+_BATCHES = (8, 16, 24)  # batch 32 never collapsed in the issue's measurements
+_BATCH_P = (0.25, 0.5, 0.25)
+
+
+def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
+    return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def _choice(rng: np.random.Generator, options, p=None):
+    return options[int(rng.choice(len(options), p=p))]
+
+
+def _nuisance(rng: np.random.Generator, steps: int) -> dict:
+    """Knobs every recipe draws the same way (the fragile recipe overrides some)."""
+    n_layer, d_model = _choice(rng, _SHAPES, _SHAPE_P)
+    return {
+        "n_layer": n_layer,
+        "d_model": d_model,
+        "batch_size": _choice(rng, _BATCHES, _BATCH_P),
+        "qk_norm": bool(rng.random() < 0.5),
+        "warmup_steps": int(steps * rng.uniform(0.02, 0.15)),
+        "min_lr_ratio": _choice(rng, (0.1, 0.5, 1.0)),
+        "beta2": _choice(rng, (0.95, 0.98, 0.99)),
+        "weight_decay": _choice(rng, (0.0, 0.01, 0.1)),
+        "grad_clip": _choice(rng, (1.0, 0.0), (0.6, 0.4)),
+        "precision": _choice(rng, ("fp32", "bf16"), (0.75, 0.25)),
+    }
+
+
+def _high_lr(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
+    # long warmups reach the collapsing LR late: onsets spread over the run
+    return {
+        "qk_norm": False,
+        "lr": _log_uniform(rng, 0.04, 0.2),
+        "warmup_steps": int(steps * rng.uniform(0.02, 0.5)),
+        "min_lr_ratio": float(rng.uniform(0.5, 1.0)),  # a decayed LR lets attention recover
+    }
+
+
+def _fault(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
+    lr = _log_uniform(rng, 2e-3, 1.5e-2)
+    kind = _choice(rng, ("lr_jump", "grad_spike", "opt_reset", "corrupt_batch"))
+    fault_step = int(steps * rng.uniform(0.4, 0.85))  # second half: late onsets
+    drawn = {"lr": lr, "fault": kind, "fault_step": fault_step}
+    if kind == "lr_jump":
+        # aim the jump at an LR between safe (0.02) and certain collapse (0.3)
+        scheduled = RealRunConfig(**{**knobs, "lr": lr, "steps": steps}).lr_at(fault_step)
+        drawn["fault_scale"] = _log_uniform(rng, 0.02, 0.3) / scheduled
+    elif kind == "grad_spike":
+        drawn["fault_scale"] = _log_uniform(rng, 1e2, 1e5)
+        drawn["fault_steps"] = int(rng.integers(1, 6))
+    elif kind == "corrupt_batch":
+        drawn["fault_steps"] = int(_log_uniform(rng, 1, steps * 0.15))
+    return drawn
+
+
+def _fragile(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
+    mechanism = _choice(rng, ("post_ln", "adam_eps", "fp16", "init_scale"))
+    if mechanism == "post_ln":  # post-LN needs warmup (Xiong et al. 2020)
+        return {
+            "pre_ln": False,
+            "warmup_steps": int(steps * rng.uniform(0.0, 0.02)),
+            "lr": _log_uniform(rng, 0.01, 0.05),
+        }
+    if mechanism == "adam_eps":  # a jumpy second moment with nothing to bound the update
+        return {
+            "beta2": float(rng.uniform(0.5, 0.9)),
+            "eps": _log_uniform(rng, 1e-12, 1e-10),
+            "grad_clip": 0.0,
+            "lr": _log_uniform(rng, 3e-3, 3e-2),
+        }
+    if mechanism == "fp16":  # overflow to inf with no loss scaler to catch it
+        return {"precision": "fp16", "grad_clip": 0.0, "lr": _log_uniform(rng, 0.02, 0.1)}
+    return {"init_scale": float(rng.uniform(3.0, 10.0)), "lr": _log_uniform(rng, 0.01, 0.04)}
+
+
+def _recipe_knobs(recipe: str, rng: np.random.Generator, steps: int, knobs: dict) -> dict:
+    if recipe == "baseline":
+        return {"lr": _log_uniform(rng, 1e-3, 1.5e-2)}
+    if recipe == "high_lr_qk":
+        return {"qk_norm": True, "lr": _log_uniform(rng, 0.03, 0.15)}
+    if recipe == "high_lr":
+        return _high_lr(rng, steps, knobs)
+    if recipe == "fault":
+        return _fault(rng, steps, knobs)
+    return _fragile(rng, steps, knobs)
+
+
+def sample_config(seed: int, index: int, steps: int = RealRunConfig.steps) -> RealRunConfig:
+    """Config of run ``index`` of the sweep drawn with ``seed``."""
+    rng = np.random.default_rng([seed, index])
+    recipe = _choice(rng, tuple(RECIPES), tuple(RECIPES.values()))
+    knobs = _nuisance(rng, steps)
+    knobs.update(_recipe_knobs(recipe, rng, steps, knobs))
+    run_seed = int(rng.integers(2**31))
+    return RealRunConfig(recipe=recipe, seed=run_seed, steps=steps, **knobs)
+
+
+def sample_configs(n: int, seed: int = 0, steps: int = RealRunConfig.steps) -> list[RealRunConfig]:
+    """The first ``n`` configs of the sweep drawn with ``seed``."""
+    return [sample_config(seed, i, steps) for i in range(n)]

@@ -1,0 +1,225 @@
+"""Real runs: corpus, config, sampler, faults, one recorded run, the pool and resuming.
+
+Runs here are tiny (a 1-layer, 32-wide model, tens of steps) so the file stays fast;
+the pool tests spawn processes, which costs a few seconds of start-up each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from collapse_guard.datasets.real import (
+    FAULTS,
+    PRECISIONS,
+    RECIPES,
+    RealRunConfig,
+    generate_real_runs,
+    run_id_for,
+    sample_config,
+    sample_configs,
+)
+from collapse_guard.datasets.real.corpus import load_corpus
+from collapse_guard.datasets.real.faults import FaultInjector
+from collapse_guard.datasets.real.model import GPT, GPTConfig
+from collapse_guard.datasets.real.precision import emulate_precision
+from collapse_guard.datasets.real.runner import run_real, temp_path
+from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run
+
+TINY = {"n_layer": 1, "d_model": 32, "seq_len": 32, "batch_size": 4}
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def test_corpus_is_deterministic_python_source():
+    first = load_corpus(200_000)
+    load_corpus.cache_clear()
+    again = load_corpus(200_000)
+    assert len(first) == 200_000
+    assert bytes(first) == bytes(again)
+    assert b"import " in bytes(first) and b"def " in bytes(first)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_round_trips_and_rejects_unknown_keys():
+    config = RealRunConfig(lr=0.05, fault="lr_jump", fault_step=10, fault_scale=5.0)
+    assert RealRunConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown RealRunConfig keys"):
+        RealRunConfig.from_dict({"lr": 0.1, "learning_rate": 0.1})
+    with pytest.raises(ValueError, match="expected one of"):
+        RealRunConfig(fault="meteor")
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    config = RealRunConfig(lr=0.01, warmup_steps=10, steps=110, min_lr_ratio=0.1)
+    assert config.lr_at(0) == pytest.approx(0.001)
+    assert config.lr_at(9) == pytest.approx(0.01)
+    assert config.lr_at(60) == pytest.approx(0.0055)
+    assert config.lr_at(110) == pytest.approx(0.001)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_sampler_mixes_collapse_prone_and_safe_configs_over_every_knob():
+    steps = 1000
+    configs = sample_configs(300, seed=0, steps=steps)
+    recipes = Counter(c.recipe for c in configs)
+    assert set(recipes) == set(RECIPES)
+    assert {c.fault for c in configs} == set(FAULTS)
+    assert {c.precision for c in configs} == set(PRECISIONS)
+    for knob in ("qk_norm", "pre_ln"):
+        assert {getattr(c, knob) for c in configs} == {True, False}
+    for knob in ("n_layer", "d_model", "batch_size", "beta2", "weight_decay", "grad_clip"):
+        assert len({getattr(c, knob) for c in configs}) >= 2, knob
+    assert max(c.init_scale for c in configs) >= 3.0
+    assert min(c.eps for c in configs) <= 1e-10
+    # LR alone must not tell: high LR comes with qk-norm (safe), and collapse-prone
+    # set-ups come at moderate LR (faults, fragile recipes)
+    high = [c for c in configs if c.lr >= 0.03]
+    assert any(c.qk_norm for c in high) and any(not c.qk_norm for c in high)
+    prone_moderate = [c for c in configs if c.lr < 0.02 and c.recipe in ("fault", "fragile")]
+    assert len(prone_moderate) >= 30
+    # faults come in the second half of the run, where onsets are late
+    fault_steps = [c.fault_step for c in configs if c.fault != "none"]
+    assert min(fault_steps) >= 0.4 * steps and max(fault_steps) <= 0.85 * steps
+    # high-LR collapses are spread too: warmups up to half the run
+    assert max(c.warmup_steps for c in configs if c.recipe == "high_lr") > 0.3 * steps
+
+
+def test_sampler_is_stable_per_index():
+    assert sample_configs(10, seed=3)[7] == sample_config(3, 7)
+    assert sample_configs(5, seed=3) != sample_configs(5, seed=4)
+    assert sample_config(0, 1, steps=40).steps == 40
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _model_and_optimizer():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{k: TINY[k] for k in ("n_layer", "d_model", "seq_len")}))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def test_fault_hooks_touch_only_their_steps():
+    model, optimizer = _model_and_optimizer()
+    x = torch.zeros(4, 32, dtype=torch.long)
+    generator = torch.Generator().manual_seed(0)
+
+    corrupt = FaultInjector(RealRunConfig(fault="corrupt_batch", fault_step=5, fault_steps=2))
+    assert corrupt.batch(4, x, x, generator)[0] is x
+    noisy, target = corrupt.batch(6, x, x, generator)
+    assert noisy.shape == x.shape and noisy.any() and torch.equal(noisy[:, 1:], target[:, :-1])
+
+    jump = FaultInjector(RealRunConfig(fault="lr_jump", fault_step=5, fault_scale=30.0))
+    assert [jump.lr_multiplier(s) for s in (4, 5, 500)] == [1.0, 30.0, 30.0]
+
+    _, loss = model(x, x)
+    loss.backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    spike = FaultInjector(RealRunConfig(fault="grad_spike", fault_step=5, fault_scale=1e3))
+    spike.after_backward(4, model)
+    spike.after_backward(5, model)
+    for grad, old in zip((p.grad for p in model.parameters()), before):
+        torch.testing.assert_close(grad, old * 1e3)
+
+    optimizer.step()
+    reset = FaultInjector(RealRunConfig(fault="opt_reset", fault_step=1))
+    reset.before_step(0, optimizer)
+    assert all(s["exp_avg_sq"].any() for s in optimizer.state.values())
+    reset.before_step(1, optimizer)
+    assert not any(s["exp_avg_sq"].any() for s in optimizer.state.values())
+    assert all(s["exp_avg"].any() for s in optimizer.state.values())
+
+
+def test_fp16_emulation_overflows_to_inf():
+    layer = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.constant_(layer.weight, 1e5)
+    emulate_precision(layer, "fp16")
+    assert math.isinf(layer(torch.ones(1, 1)).item())
+    bf16 = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.constant_(bf16.weight, 1e5)
+    emulate_precision(bf16, "bf16")
+    assert math.isfinite(bf16(torch.ones(1, 1)).item())
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def test_short_run_writes_a_labelled_real_run_file(tmp_path):
+    config = RealRunConfig(steps=60, warmup_steps=5, **TINY)
+    result = run_real(config, tmp_path / "r.parquet", "r")
+    frame, meta = read_run(result.path)
+    assert tuple(frame.columns) == RUN_COLUMNS
+    assert frame["step"].tolist() == list(range(60))
+    assert meta.source == "real" and meta.run_id == "r"
+    assert RealRunConfig.from_dict(meta.config) == config
+    assert meta.label_version is not None and meta.onset_step is None
+    assert meta.extra["steps_run"] == 60 and "collapse_cause" in meta.extra
+    assert frame["loss"].notna().all() and frame["grad_norm"].notna().all()
+    # the attention family runs every 50 steps and reaches this model's attention
+    assert frame.loc[frame["step"] == 50, "attn_entropy_mean"].notna().all()
+    assert not temp_path(result.path).exists()
+
+
+def test_lr_jump_gets_an_onset_near_the_jump(tmp_path):
+    jump_at = 120
+    config = RealRunConfig(
+        steps=200,
+        warmup_steps=10,
+        lr=3e-3,
+        grad_clip=0.0,
+        fault="lr_jump",
+        fault_step=jump_at,
+        fault_scale=1000.0,
+        **TINY,
+    )
+    result = run_real(config, tmp_path / "jump.parquet", "jump")
+    assert result.kind in ("nonfinite", "loss_rise")
+    assert jump_at <= result.onset_step <= jump_at + 40
+    assert result.cause == "fault_lr_jump"
+    assert read_meta(result.path).onset_step == result.onset_step
+
+
+# --------------------------------------------------------------------------- pool
+
+
+def test_generation_resumes_skipping_finished_runs_and_redoing_temp_files(tmp_path):
+    paths = generate_real_runs(2, tmp_path, workers=2, seed=5, steps=20, progress=False)
+    assert [p.name for p in paths] == [f"{run_id_for(5, i)}.parquet" for i in range(2)]
+    stamps = [p.stat().st_mtime_ns for p in paths]
+
+    paths[1].unlink()  # a run killed midway leaves only its temp file
+    temp_path(paths[1]).write_bytes(b"half a run")
+    again = generate_real_runs(2, tmp_path, workers=1, seed=5, steps=20, progress=False)
+    assert again == paths
+    assert paths[0].stat().st_mtime_ns == stamps[0]  # finished: skipped
+    assert not temp_path(paths[1]).exists()
+    frame, meta = read_run(paths[1])
+    assert len(frame) == 20 and meta.config == sample_config(5, 1, steps=20).to_dict()
+
+
+@pytest.mark.slow
+def test_dask_path_runs_on_a_local_cluster(tmp_path):
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
+        paths = generate_real_runs(
+            2, tmp_path, seed=1, steps=20, scheduler=cluster.scheduler_address, progress=False
+        )
+    for path in paths:
+        frame, meta = read_run(path)
+        assert len(frame) == 20 and meta.source == "real"

@@ -1,0 +1,142 @@
+"""``collapse-guard train | evaluate | predict`` through Typer, with a real SQLite MLflow store.
+
+Training itself is ``train_risk_model``'s business (tested by the predictor-core tests);
+here it is replaced by the session's one cached training, so that these tests check the
+command's own work: run discovery, MLflow logging and plots, promotion, tables, plots.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import typer
+from ops_fixtures import mlflow_store, synthetic_run_paths, trained
+from typer.testing import CliRunner
+
+from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
+
+app = typer.Typer()
+app.command("train")(train_command)
+app.command("evaluate")(evaluate_command)
+app.command("predict")(predict_command)
+runner = CliRunner()
+
+
+@pytest.fixture
+def runs_dir(tmp_path_factory):
+    return synthetic_run_paths(tmp_path_factory.getbasetemp())[0].parent
+
+
+@pytest.fixture
+def cached_training(tmp_path_factory, monkeypatch):
+    """Make ``train_risk_model`` return the session's training; record how it was called."""
+    import collapse_guard.predictor.train as train_module
+
+    model, report, _ = trained(tmp_path_factory.getbasetemp())
+    calls = []
+
+    def fake(paths, **kwargs):
+        calls.append({"paths": list(paths), **kwargs})
+        return model, report
+
+    monkeypatch.setattr(train_module, "train_risk_model", fake)
+    return calls
+
+
+def test_importing_the_commands_stays_light():
+    code = (
+        "import sys, collapse_guard.predictor.cli; "
+        "heavy = {'mlflow', 'lightgbm', 'dask', 'pandas', 'matplotlib'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_runs_says_how_to_make_some(tmp_path):
+    result = runner.invoke(app, ["evaluate", "--runs", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "no runs found under" in result.output
+    assert "collapse-guard data synth" in result.output
+
+
+def test_train_logs_registers_and_promotes(
+    runs_dir, cached_training, tmp_path_factory, monkeypatch
+):
+    import mlflow
+
+    uri = mlflow_store(tmp_path_factory.getbasetemp())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    result = runner.invoke(app, ["train", "--runs", str(runs_dir), "--experiment", "cli-train"])
+    assert result.exit_code == 0, result.output
+    assert "now champion" in result.output
+    assert len(cached_training[0]["paths"]) == len(list(runs_dir.glob("*.parquet")))
+    assert "fit" not in cached_training[0]
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("cli-train")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["dataset_fingerprint"]
+    assert run.data.metrics["model/all/budget/recall"] >= 0
+    assert any(k.startswith("dsi/") for k in run.data.metrics), "baselines logged beside"
+    assert run.data.params["split.test"]
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    for name in (
+        "pr_curve.png",
+        "reliability.png",
+        "lead_times.png",
+        "feature_importance.png",
+        "baselines.png",
+        "evaluation.csv",
+        "evaluation.json",
+    ):
+        assert f"plots/{name}" in plots
+    folder = {a.path for a in client.list_artifacts(run.info.run_id, "risk_model")}
+    assert {"risk_model/model.txt", "risk_model/risk_model.json"} <= folder
+
+    again = runner.invoke(app, ["train", "--runs", str(runs_dir), "--experiment", "cli-train"])
+    assert again.exit_code == 0, again.output
+    assert "champion stays" in again.output, "an equal model must not take the alias"
+
+
+def test_train_with_dask_hands_a_cluster_fit_to_the_pipeline(
+    runs_dir, cached_training, tmp_path_factory, monkeypatch
+):
+    from contextlib import contextmanager
+
+    import collapse_guard.predictor.fleet as fleet
+
+    @contextmanager
+    def no_cluster(scheduler):
+        yield f"client for {scheduler}"
+
+    monkeypatch.setattr(fleet, "fleet_client", no_cluster)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory.getbasetemp()))
+    args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
+    result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
+    assert result.exit_code == 0, result.output
+    fit = cached_training[0]["fit"]
+    assert fit.func is fleet.fit_on_cluster and fit.keywords == {"client": "client for local"}
+    assert "not registered" in result.output
+
+
+def test_predict_prints_levels_and_plots(runs_dir, tmp_path):
+    from collapse_guard.datasets.runfile import read_meta
+
+    run = next(p for p in sorted(runs_dir.glob("*.parquet")) if read_meta(p).onset_step)
+    plot = tmp_path / "risk.png"
+    result = runner.invoke(app, ["predict", str(run), "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    for word in ("watch", "warn", "critical", "onset", "peak risk"):
+        assert word in result.output
+    assert plot.stat().st_size > 20_000
+
+
+def test_evaluate_prints_the_model_beside_baselines(runs_dir):
+    runs = sorted(runs_dir.glob("*.parquet"))[:6]
+    args = [a for p in runs for a in ("--runs", str(p))]
+    result = runner.invoke(app, ["evaluate", *args])
+    assert result.exit_code == 0, result.output
+    for scorer in ("model", "dsi", "zclip", "olmo_zscore", "kill_spike"):
+        assert scorer in result.output

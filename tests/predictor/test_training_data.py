@@ -1,0 +1,82 @@
+"""Run-level splits never leak a run; training rows stop before onset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collapse_guard.datasets.label import collapse_targets
+from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.features import FeatureExtractor
+from collapse_guard.predictor.training_data import (
+    build_training_data,
+    data_fingerprint,
+    split_runs,
+)
+
+
+def _metas(n=90):
+    sources = ["synthetic", "real", "imported"]
+    return [
+        RunMeta(
+            run_id=f"r{i:03d}",
+            source=sources[i % 3],
+            onset_step=(500 + i) if i % 2 else None,
+        )
+        for i in range(n)
+    ]
+
+
+def test_split_is_by_run_disjoint_complete_and_stratified():
+    metas = _metas()
+    split = split_runs(metas, seed=0)
+    parts = [set(split.train), set(split.validation), set(split.test)]
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    assert set().union(*parts) == {m.run_id for m in metas}
+    by_id = {m.run_id: m for m in metas}
+    for part in parts:  # every split sees each outcome from each source
+        strata = {(by_id[r].onset_step is not None, by_id[r].source) for r in part}
+        assert len(strata) == 6
+    assert len(split.train) == 54 and len(split.validation) == len(split.test) == 18
+
+
+def test_split_depends_on_seed_not_on_order():
+    metas = _metas()
+    a = split_runs(metas, seed=1)
+    assert split_runs(list(reversed(metas)), seed=1) == a
+    assert split_runs(metas, seed=2) != a
+
+
+def test_split_rejects_duplicates_and_bad_fractions():
+    metas = _metas(6)
+    with pytest.raises(ValueError, match="duplicated: r000"):
+        split_runs([*metas, metas[0]])
+    with pytest.raises(ValueError, match="summing to 1"):
+        split_runs(metas, fractions=(0.5, 0.5, 0.5))
+
+
+def test_rows_stop_before_onset_and_no_test_window_is_trained_on(run_records):
+    split = split_runs([r.meta for r in run_records], seed=0)
+    train_runs = [r for r in run_records if r.run_id in split.train]
+    data = build_training_data(train_runs, FeatureExtractor(), stride=10)
+    assert set(data.groups) <= set(split.train)
+    assert not set(data.groups) & (set(split.validation) | set(split.test))
+    onsets = {r.run_id: r.meta.onset_step for r in run_records}
+    for run_id in set(data.groups):
+        rows = data.groups == run_id
+        steps = data.steps[rows]
+        onset = onsets[run_id]
+        if onset is not None:
+            assert steps.max() < onset  # nothing at or after onset
+        y, _ = collapse_targets(steps, onset)
+        np.testing.assert_array_equal(data.y[rows], y)
+        assert np.all(np.diff(steps) >= 10)  # every 10th recorded step
+    assert data.y.sum() > 0 and list(data.X.columns) == list(FeatureExtractor().schema.names)
+    assert set(data.source) == {"synthetic"}
+
+
+def test_fingerprint_ignores_order_but_not_labels():
+    metas = _metas(10)
+    assert data_fingerprint(metas) == data_fingerprint(reversed(metas))
+    changed = [*metas[:-1], RunMeta(run_id="r009", source="imported", onset_step=1)]
+    assert data_fingerprint(changed) != data_fingerprint(metas)
