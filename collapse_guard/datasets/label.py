@@ -30,9 +30,11 @@ The rule, on the training loss of each step:
    ``grad_link_steps`` of it into ``"grad_collapse"``, with onset at the drop if
    that came first. A drop with the loss still near its best does not count: the
    run's loss says it still works.
-6. Excursions cannot start in the first ``settle_steps`` steps (the EWMA starts
-   from one noisy value, and the first optimizer steps often overshoot before the
-   loss falls). Non-finite losses count from the first step.
+6. In a run logged from the start of training (first measured step <=
+   ``settle_steps``), excursions cannot start in the first ``settle_steps`` steps
+   (the first optimizer steps often overshoot before the loss falls, faster than the
+   EWMA follows). An excerpt that starts mid-training counts from its first step.
+   Non-finite losses count from the first step.
 
 Targets for training (``collapse_targets``): at step t, y = 1 when the onset lies in
 (t, t + horizon]; rows at and after the onset are not prediction rows.
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 # Bump on any change of the rule or of a LabelRule default: stored labels name it.
-LABEL_VERSION: str = "1"
+LABEL_VERSION: str = "2"
 HORIZON: int = 200  # DESIGN.md: predict collapse within the next 200 steps
 COLLAPSE_KINDS: tuple[str, ...] = ("nonfinite", "loss_rise", "grad_collapse")
 
@@ -119,9 +121,17 @@ class LabelRule:
     # ... and was seen on this many measured rows (with logs every 100 steps, one
     # or two high last points are not a collapse).
     tail_min_rows: int = 3
-    # No excursion may start this soon after the first measured loss: 3 EWMA time
-    # constants for the average to forget its single-value start; the first optimizer
-    # steps often overshoot (modded-nanogpt: 11.0 -> 11.0 before falling).
+    # No excursion may start this soon after the first measured loss *of a run logged
+    # from the start of training* (first measured step <= settle_steps): the first
+    # optimizer steps often overshoot before the loss falls (modded-nanogpt: 11.0 ->
+    # 11.0 before falling), and the EWMA, started from one value, needs ~3 time
+    # constants to catch up with a loss falling that fast. An excerpt that starts
+    # mid-training (BigScience chronicle blocks: iterations 31214-..., spike at 31219)
+    # has neither: its loss is near its level, so the EWMA starts at the first value
+    # and excursions count from the first step. A high first value only makes the
+    # best level fall as the EWMA settles (no excursion); a low one would bias it in
+    # either case. Counting from the first logged step there would hide a spike in
+    # the excerpt's first 30 steps, the very event it was cut around.
     settle_steps: int = 30
     # The seed's gradient-norm collapse: down by three orders of magnitude ...
     grad_drop_ratio: float = 1e3
@@ -142,6 +152,10 @@ class LabelRule:
     def margin(self, best: float) -> float:
         """How far above the best smoothed level the loss must rise to count."""
         return max(self.abs_margin, self.rel_margin * abs(best))
+
+    def settled_from(self, first_step: int) -> int:
+        """First step at which an excursion may start in a run first measured at ``first_step``."""
+        return first_step + self.settle_steps if first_step <= self.settle_steps else first_step
 
     def window(self, start_step: int, first_step: int) -> float:
         """Recovery window, in steps, for an excursion starting at ``start_step``."""
@@ -227,18 +241,40 @@ def _trace(frame: pd.DataFrame) -> _Trace:
     return _Trace(steps, loss, nonfinite, grad)
 
 
+# --------------------------------------------------------------------------- smoothing
+
+
+def _smoothed(trace: _Trace, rule: LabelRule, rows: np.ndarray) -> np.ndarray:
+    """EWMA over steps of the finite losses at ``rows``, restarted after each non-finite one.
+
+    The weight of a row depends only on its gap in steps to the previous finite loss,
+    so it is computed once per distinct gap; the recurrence itself is a plain loop
+    over Python floats (~0.1 us a row), which keeps every value bit-identical to the
+    textbook ``s += a * (x - s)``.
+    """
+    if not rows.size:
+        return np.empty(0)
+    steps = trace.steps[rows]
+    gaps, which = np.unique(np.diff(steps), return_inverse=True)
+    weights = [
+        min(1.0 - math.exp(-g / rule.smooth_steps), rule.max_row_weight) for g in gaps.tolist()
+    ]
+    weight = [0.0, *np.asarray(weights, dtype=np.float64)[which].tolist()]
+    # a non-finite loss between two finite ones restarts the average
+    bad_before = np.cumsum(trace.nonfinite)[rows]
+    restarts = np.flatnonzero(np.diff(bad_before, prepend=-1) > 0).tolist()
+    loss = trace.loss[rows].tolist()
+    out: list[float] = []
+    for lo, hi in zip(restarts, [*restarts[1:], len(loss)], strict=True):
+        s = loss[lo]
+        out.append(s)
+        for x, a in zip(loss[lo + 1 : hi], weight[lo + 1 : hi], strict=True):
+            s += a * (x - s)
+            out.append(s)
+    return np.asarray(out, dtype=np.float64)
+
+
 # --------------------------------------------------------------------------- excursions
-
-
-@dataclass
-class _Excursion:
-    start: int  # first step above the margin (or first non-finite step)
-    back: float  # best + recover_frac * margin at the start: at or below it = recovered
-    best: float
-    peak_step: int
-    peak: float
-    rows: int = 1
-    nonfinite: bool = False
 
 
 @dataclass
@@ -250,99 +286,110 @@ class _Outcome:
 
 
 class _Scanner:
-    """One forward pass over the trace: smooth, track the best level, find excursions."""
+    """Smooth, track the best level, find excursions: one excursion at a time, in numpy.
+
+    Equivalent to a forward pass over the rows (the rule in the module docstring),
+    but each stretch between excursions and each excursion is settled by a few
+    array operations: between excursions the best level is a running minimum, and
+    an open excursion ends at the first of: back under its line (a spike), past its
+    recovery window (a collapse), end of the run (the tail rule).
+    """
 
     def __init__(self, trace: _Trace, rule: LabelRule) -> None:
         self.t, self.rule = trace, rule
-        measured = np.isfinite(trace.loss) | trace.nonfinite
-        self.first_step = int(trace.steps[measured][0]) if measured.any() else 0
-        self.smooth: float | None = None  # EWMA of the finite loss
-        self.smooth_step = 0
-        self.best = math.inf
-        self.exc: _Excursion | None = None
+        self.n = len(trace.steps)
+        self.bad = np.flatnonzero(trace.nonfinite)  # rows with a measured non-finite loss
+        self.fin = np.flatnonzero(np.isfinite(trace.loss))  # rows with a finite loss
+        first = np.union1d(self.bad[:1], self.fin[:1])
+        self.first_step = int(trace.steps[first[0]]) if first.size else 0
+        self.value = _smoothed(trace, rule, self.fin)  # smoothed loss at self.fin
+        self.settled = trace.steps[self.fin] >= rule.settled_from(self.first_step)
         self.out = _Outcome()
 
     def run(self) -> _Outcome:
-        t = self.t
-        for i in range(len(t.steps)):
-            step = int(t.steps[i])
-            if self.exc is not None and step - self.exc.start > self._window():
-                return self._collapse(confirmed=step)
-            if t.nonfinite[i]:
-                self._on_nonfinite(step)
-            elif np.isfinite(t.loss[i]):
-                self._on_loss(step, float(t.loss[i]))
-        return self._at_end()
-
-    def _window(self) -> float:
-        return self.rule.window(self.exc.start, self.first_step)
-
-    def _on_nonfinite(self, step: int) -> None:
-        if self.exc is None:
-            self.exc = _Excursion(step, self._back_line(), self.best, step, math.inf)
-        elif not self.exc.nonfinite:
-            self.exc.peak_step, self.exc.peak = step, math.inf
-        else:
-            self.exc.rows += 1
-        self.exc.nonfinite = True
-        self.smooth = None  # the EWMA restarts from the next finite loss
-
-    def _on_loss(self, step: int, loss: float) -> None:
-        value = self._smooth(step, loss)
-        exc = self.exc
-        if exc is not None:
-            if value <= exc.back:
-                self._recovered(step)
-            else:
-                exc.rows += 1
-                if loss > exc.peak:
-                    exc.peak_step, exc.peak = step, loss
-                return
-        if self.exc is None:
-            margin = self.rule.margin(self.best)
-            settled = step - self.first_step >= self.rule.settle_steps
-            if settled and math.isfinite(self.best) and value > self.best + margin:
-                self.exc = _Excursion(step, self._back_line(), self.best, step, loss)
-            else:
-                self.best = min(self.best, value)
-
-    def _back_line(self) -> float:
-        """Level the smoothed loss must come back to for the run to have recovered."""
-        if not math.isfinite(self.best):  # nothing learned yet: any finite loss will do
-            return math.inf
-        return self.best + self.rule.recover_frac * self.rule.margin(self.best)
-
-    def _smooth(self, step: int, loss: float) -> float:
-        if self.smooth is None:
-            self.smooth = loss
-        else:
-            a = 1.0 - math.exp(-(step - self.smooth_step) / self.rule.smooth_steps)
-            a = min(a, self.rule.max_row_weight)
-            self.smooth += a * (loss - self.smooth)
-        self.smooth_step = step
-        return self.smooth
-
-    def _recovered(self, step: int) -> None:
-        exc = self.exc
-        height = exc.peak - exc.best if math.isfinite(exc.best) else math.inf
-        self.out.spikes.append(Spike(exc.start, exc.peak_step, step, float(height)))
-        self.exc = None
-
-    def _collapse(self, confirmed: int) -> _Outcome:
-        exc = self.exc
-        kind = "nonfinite" if exc.nonfinite else "loss_rise"
-        self.out.onset, self.out.kind, self.out.confirmed = exc.start, kind, confirmed
+        row, best = 0, math.inf
+        while (found := self._next_excursion(row, best)) is not None:
+            start, best, by_bad = found
+            row = self._follow(start, best, by_bad)
+            if row is None:
+                break
         return self.out
 
-    def _at_end(self) -> _Outcome:
-        exc = self.exc
-        if exc is None:
-            return self.out
-        last = int(self.t.steps[-1])
-        lasted = last - exc.start >= self.rule.tail_min_steps
-        if exc.nonfinite or (lasted and exc.rows >= self.rule.tail_min_rows):
-            return self._collapse(confirmed=last)
-        return self.out  # too short to say: neither a collapse nor a finished spike
+    def _next_bad(self, row: int) -> int:
+        """First row at or after ``row`` with a non-finite loss (``n`` if none)."""
+        k = int(np.searchsorted(self.bad, row))
+        return int(self.bad[k]) if k < len(self.bad) else self.n
+
+    def _next_excursion(self, row: int, best: float) -> tuple[int, float, bool] | None:
+        """First excursion from ``row`` on: (its row, best level before it, opened by a
+        non-finite loss), or None when the run ends without one."""
+        rule, bad = self.rule, self._next_bad(row)
+        lo, hi = np.searchsorted(self.fin, [row, bad])
+        values = self.value[lo:hi]
+        if values.size:
+            before = np.minimum.accumulate(np.concatenate(([best], values[:-1])))
+            margin = np.maximum(rule.abs_margin, rule.rel_margin * np.abs(before))
+            cross = self.settled[lo:hi] & np.isfinite(before) & (values > before + margin)
+            if cross.any():
+                j = int(np.argmax(cross))
+                return int(self.fin[lo + j]), float(before[j]), False
+            best = min(best, float(values.min()))
+        return (bad, best, True) if bad < self.n else None
+
+    def _follow(self, start: int, best: float, by_bad: bool) -> int | None:
+        """Follow the excursion opened at row ``start``: record it as a spike and return
+        the row where it ended, or record the collapse (or nothing) and return None."""
+        t, rule = self.t, self.rule
+        start_step = int(t.steps[start])
+        back = self._back_line(best)
+        # confirmed: first row past the recovery window (checked before that row counts)
+        past = (t.steps[start + 1 :] - start_step) > rule.window(start_step, self.first_step)
+        confirm = start + 1 + int(np.argmax(past)) if past.any() else self.n
+        # recovered: first finite loss after the start whose smoothed value is back
+        k = int(np.searchsorted(self.fin, start, side="right"))
+        home = self.value[k:] <= back
+        end = int(self.fin[k + int(np.argmax(home))]) if home.any() else self.n
+        went_bad = by_bad or self._next_bad(start) < min(confirm, self.n)
+        if confirm <= end and confirm < self.n:
+            self._collapse(start, went_bad, confirm)
+        elif end < self.n:
+            self._spike(start, end, best)
+            return end
+        elif went_bad:  # still open at the end of the run, after a non-finite loss
+            self._collapse(start, True, self.n - 1)
+        else:  # still open at the end: a collapse only if it lasted (rows: finite losses)
+            rows = 1 + len(self.fin) - k
+            lasted = int(t.steps[-1]) - start_step >= rule.tail_min_steps
+            if lasted and rows >= rule.tail_min_rows:
+                self._collapse(start, False, self.n - 1)
+        return None
+
+    def _back_line(self, best: float) -> float:
+        """Level the smoothed loss must come back to for the run to have recovered."""
+        if not math.isfinite(best):  # nothing learned yet: any finite loss will do
+            return math.inf
+        return best + self.rule.recover_frac * self.rule.margin(best)
+
+    def _spike(self, start: int, end: int, best: float) -> None:
+        """Record the excursion from row ``start`` to row ``end`` (back) as a spike."""
+        steps, loss = self.t.steps, self.t.loss
+        first_bad = self._next_bad(start)
+        if first_bad < end:
+            peak_row, peak = first_bad, math.inf
+        else:
+            lo, hi = np.searchsorted(self.fin, [start, end])
+            rows = self.fin[lo:hi]
+            peak_row = int(rows[int(np.argmax(loss[rows]))])
+            peak = float(loss[peak_row])
+        height = peak - best if math.isfinite(best) else math.inf
+        spike = Spike(int(steps[start]), int(steps[peak_row]), int(steps[end]), float(height))
+        self.out.spikes.append(spike)
+
+    def _collapse(self, start: int, nonfinite: bool, confirmed_row: int) -> None:
+        out = self.out
+        out.onset = int(self.t.steps[start])
+        out.kind = "nonfinite" if nonfinite else "loss_rise"
+        out.confirmed = int(self.t.steps[confirmed_row])
 
 
 # --------------------------------------------------------------------------- gradient

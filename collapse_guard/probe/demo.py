@@ -104,6 +104,8 @@ def demo(
             if step % every == 0 or step == steps - 1:
                 table.add_row(str(step), *(_cell(record[key]) for key, _ in _COLUMNS))
     probe.close()
+    if not console.is_terminal:  # Live's last frame ends without a newline off a terminal
+        console.line()
     console.print(
         f"{steps} steps in {time.perf_counter() - start:.1f} s; every column is a signal of "
         "collapse_guard.signals ('-' = not measured at that step)."

@@ -127,7 +127,7 @@ def test_fault_hooks_touch_only_their_steps():
     spike = FaultInjector(RealRunConfig(fault="grad_spike", fault_step=5, fault_scale=1e3))
     spike.after_backward(4, model)
     spike.after_backward(5, model)
-    for grad, old in zip((p.grad for p in model.parameters()), before):
+    for grad, old in zip((p.grad for p in model.parameters()), before, strict=True):
         torch.testing.assert_close(grad, old * 1e3)
 
     optimizer.step()

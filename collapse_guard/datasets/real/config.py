@@ -23,7 +23,7 @@ class RealRunConfig:
     # run
     recipe: str = "custom"  # which sampler recipe drew this config (sampler.RECIPES)
     seed: int = 0  # seeds the init, the batch order and the fault's random bytes
-    steps: int = 1200  # optimizer steps; ~25 ms each at the defaults on one CPU thread
+    steps: int = 1000  # optimizer steps; ~25-30 ms each with the probe on one idle CPU thread
     # model (collapse_guard.datasets.real.model.GPTConfig)
     n_layer: int = 2
     n_head: int = 4

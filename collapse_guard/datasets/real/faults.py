@@ -44,7 +44,7 @@ class FaultInjector:
         return 1.0
 
     def batch(self, step: int, x, y, generator):
-        """The batch to train on: ``(x, y)`` or, while corrupting, random bytes of the same shape."""
+        """``(x, y)``, or while corrupting, random bytes of the same shape."""
         if self.kind != "corrupt_batch" or not self._active(step):
             return x, y
         import torch

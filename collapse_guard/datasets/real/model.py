@@ -54,7 +54,9 @@ class CausalSelfAttention(nn.Module):
         batch, seq, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         # (batch, seq, width) -> (batch, head, seq, head_dim)
-        q, k, v = (t.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (
+            t.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v)
+        )
         q, k = self.q_norm(q), self.k_norm(k)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0

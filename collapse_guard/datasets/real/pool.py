@@ -107,7 +107,7 @@ def generate_real_runs(
     configs = sample_configs(n, seed=seed, steps=steps)
     tasks = [
         (config.to_dict(), str(path), run_id_for(seed, i))
-        for i, (config, path) in enumerate(zip(configs, paths))
+        for i, (config, path) in enumerate(zip(configs, paths, strict=True))
         if not path.exists()
     ]
     if scheduler is not None:

@@ -105,7 +105,9 @@ def train(config: RealRunConfig, model, optimizer, probe) -> int:
         lr = config.lr_at(step) * faults.lr_multiplier(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(len(corpus) - config.seq_len - 1, (config.batch_size,), generator=generator)
+        starts = torch.randint(
+            len(corpus) - config.seq_len - 1, (config.batch_size,), generator=generator
+        )
         tokens = corpus[starts[:, None] + offsets].long()  # (batch, seq_len + 1)
         x, y = faults.batch(step, tokens[:, :-1], tokens[:, 1:], generator)
         _, loss = model(x, y)
