@@ -120,6 +120,7 @@ def train_risk_model(
     eval_budget_per_10k: float = 1.0,
     params: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    fit: Callable[..., tuple[RiskModel, Any]] = fit_risk_model,
 ) -> tuple[RiskModel, EvalReport]:
     """Train, calibrate, set levels and evaluate on run files (module docstring).
 
@@ -134,6 +135,8 @@ def train_risk_model(
         eval_budget_per_10k: false alarms per 10k healthy steps for "recall at budget".
         params: CollapsePredictor hyperparameters to override.
         progress: called with a line of text after each stage (e.g. ``print``).
+        fit: fits the model on train runs and calibrates on validation runs; same keywords
+            as ``fit_risk_model`` (the Dask path passes ``predictor.fleet.fit_on_cluster``).
     """
     t0 = time.perf_counter()
     # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order
@@ -141,7 +144,7 @@ def train_risk_model(
     split = split_runs([r.meta for r in runs], seed=seed, fractions=fractions)
     by_split = {name: [r for r in runs if split.of(r.run_id) == name] for name in split.to_dict()}
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
-    model, _ = fit_risk_model(
+    model, _ = fit(
         by_split["train"],
         by_split["validation"],
         seed=seed,

@@ -155,6 +155,30 @@ def test_early_fast_fall_and_first_step_overshoot_do_not_count():
     assert label_run(_frame(loss)).onset_step is None
 
 
+def test_mid_training_excerpt_counts_from_its_first_step():
+    # A log excerpt cut around an event (BigScience 176B chronicle block: iterations
+    # 31214-..., spike at 31219): no settle period, the spike 5 steps in is seen.
+    loss = np.full(60, 2.20)
+    loss[5:10] = 5.10
+    label = label_run(_frame(loss, 31214 + np.arange(60)))
+    assert (label.onset_step, label.kind) == (None, None)
+    (spike,) = label.spikes
+    assert (spike.start, spike.peak, spike.end) == (31219, 31219, 31239)
+    assert spike.height == pytest.approx(2.9)
+    # The same trace at the start of training is inside the settle period.
+    assert label_run(_frame(loss)) == Label(None, None)
+
+
+def test_rise_at_the_end_of_a_short_excerpt_is_too_short_to_tell():
+    # A 13B-style block: the loss jumps 40 steps before the excerpt ends (< 50 steps).
+    loss = np.full(80, 2.20)
+    loss[40:] = 5.10
+    assert label_run(_frame(loss, 100_000 + np.arange(80))) == Label(None, None)
+    longer = np.full(120, 2.20)
+    longer[40:] = 5.10
+    assert label_run(_frame(longer, 100_000 + np.arange(120))) == Label(100_040, "loss_rise")
+
+
 def test_margin_is_relative_for_large_losses():
     rule = LabelRule()
     assert rule.margin(2.0) == 0.25 and rule.margin(8.0) == pytest.approx(0.8)
@@ -258,3 +282,114 @@ def test_algoperf_divergence_is_found():
     for path in paths:
         label = label_run(_algoperf_trace(REALDATA / "submissions_algorithms" / path))
         assert label.collapsed and 79900 <= label.onset_step <= 80000, (path, label)
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def _reference_label(frame: pd.DataFrame, rule: LabelRule) -> tuple:
+    """The rule as a plain loop over rows (the first implementation of label_run, before
+    it was vectorised): (onset, kind, confirmed, spikes), grad-drop link left out."""
+    steps = frame["step"].to_numpy(np.int64)
+    loss = frame["loss"].to_numpy(np.float64)
+    flagged = frame["loss_nonfinite"].to_numpy(np.float64) == 1.0
+    bad = np.isinf(loss) | (flagged & ~np.isfinite(loss))
+    measured = np.isfinite(loss) | bad
+    first = int(steps[measured][0]) if measured.any() else 0
+    settle = rule.settle_steps if first <= rule.settle_steps else 0
+    smooth, smooth_step, best, exc, spikes = None, 0, math.inf, None, []
+
+    def back_line() -> float:
+        return best + rule.recover_frac * rule.margin(best) if math.isfinite(best) else math.inf
+
+    for step, x, nonfinite in zip(steps.tolist(), loss.tolist(), bad.tolist(), strict=True):
+        if exc is not None and step - exc["start"] > rule.window(exc["start"], first):
+            return exc["start"], "nonfinite" if exc["bad"] else "loss_rise", step, spikes
+        if nonfinite:
+            if exc is None:
+                exc = {"start": step, "back": back_line(), "best": best, "peak": (step, math.inf)}
+                exc.update(rows=1, bad=True)
+            elif not exc["bad"]:
+                exc["peak"] = (step, math.inf)
+            else:
+                exc["rows"] += 1
+            exc["bad"], smooth = True, None
+            continue
+        if not math.isfinite(x):
+            continue
+        if smooth is None:
+            smooth = x
+        else:
+            a = min(1.0 - math.exp(-(step - smooth_step) / rule.smooth_steps), rule.max_row_weight)
+            smooth += a * (x - smooth)
+        smooth_step = step
+        if exc is not None:
+            if smooth > exc["back"]:
+                exc["rows"] += 1
+                if x > exc["peak"][1]:
+                    exc["peak"] = (step, x)
+                continue
+            height = exc["peak"][1] - exc["best"] if math.isfinite(exc["best"]) else math.inf
+            spikes.append((exc["start"], exc["peak"][0], step, height))
+            exc = None
+        settled = step - first >= settle
+        if settled and math.isfinite(best) and smooth > best + rule.margin(best):
+            exc = {"start": step, "back": back_line(), "best": best, "peak": (step, x)}
+            exc.update(rows=1, bad=False)
+        else:
+            best = min(best, smooth)
+    if exc is not None:
+        last = int(steps[-1])
+        lasted = last - exc["start"] >= rule.tail_min_steps
+        if exc["bad"] or (lasted and exc["rows"] >= rule.tail_min_rows):
+            return exc["start"], "nonfinite" if exc["bad"] else "loss_rise", last, spikes
+    return None, None, None, spikes
+
+
+def _varied_trace(seed: int) -> pd.DataFrame:
+    """A seeded trace mixing what real logs hold: falls, noise, spikes, rises, gaps,
+    non-finite losses, sparse logs, excerpts starting mid-training."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 3000))
+    every = int(rng.choice([1, 1, 1, 5, 100, 500]))
+    start = int(rng.choice([0, 0, 1, 25, 31, 500, 31214]))
+    steps = start + every * np.arange(n)
+    level = float(rng.choice([1.0, 2.5, 3.3, 8.0]))
+    fall = rng.uniform(0, 5) * np.exp(-(steps - start) / rng.uniform(20, 2000)) * (start < 40)
+    loss = level + fall + rng.normal(0, rng.choice([0.0, 0.02, 0.1, 0.3]), n)
+    for _ in range(rng.integers(0, 6)):
+        i = rng.integers(0, n)
+        loss[i : i + rng.integers(1, 60)] += rng.uniform(0.2, 5)
+    if rng.random() < 0.4:
+        i = rng.integers(0, n)
+        ramp = np.minimum(1, np.arange(n - i) / rng.uniform(1, 300))
+        loss[i:] += rng.uniform(0.1, 2) * ramp
+    flag = np.zeros(n)
+    if rng.random() < 0.3:
+        i = rng.integers(0, n, rng.integers(1, 5))
+        loss[i], flag[i] = np.nan, 1.0
+    if rng.random() < 0.1:
+        i = rng.integers(0, n)
+        loss[i:], flag[i:] = np.nan, 1.0
+    if rng.random() < 0.2:
+        loss[rng.random(n) < 0.3] = np.nan  # not measured
+    if rng.random() < 0.05:
+        loss[rng.integers(0, n)] = np.inf
+    return _frame(loss, steps, loss_nonfinite=flag)
+
+
+def test_label_matches_the_row_by_row_reference_on_varied_traces():
+    rule, kinds, n_spikes = LabelRule(), set(), 0
+    for seed in range(300):
+        frame = _varied_trace(seed)
+        label = label_run(frame, rule)
+        onset, kind, confirmed, spikes = _reference_label(frame, rule)
+        assert (label.onset_step, label.kind, label.confirmed_step) == (onset, kind, confirmed)
+        got = [(s.start, s.peak, s.end) for s in label.spikes]
+        assert got == [sp[:3] for sp in spikes], seed
+        # the smoothed loss is summed in another order: heights agree to rounding
+        heights = [s.height for s in label.spikes]
+        assert heights == pytest.approx([sp[3] for sp in spikes], rel=1e-9), seed
+        kinds.add(kind)
+        n_spikes += len(spikes)
+    assert kinds == {None, "nonfinite", "loss_rise"} and n_spikes > 1000

@@ -64,6 +64,17 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert config.lr_at(110) == pytest.approx(0.001)
 
 
+def test_rewarming_ramps_to_the_second_peak_then_decays():
+    base = {"lr": 0.01, "warmup_steps": 10, "steps": 210, "min_lr_ratio": 0.1}
+    plain = RealRunConfig(**base)
+    config = RealRunConfig(**base, rewarm_step=110, rewarm_steps=10, rewarm_lr=0.1)
+    assert [config.lr_at(s) for s in range(110)] == [plain.lr_at(s) for s in range(110)]
+    start = plain.lr_at(110)
+    assert config.lr_at(110) == pytest.approx(start + (0.1 - start) / 10)
+    assert config.lr_at(119) == pytest.approx(0.1)
+    assert config.lr_at(210) == pytest.approx(0.01)
+
+
 # --------------------------------------------------------------------------- sampler
 
 
@@ -89,8 +100,9 @@ def test_sampler_mixes_collapse_prone_and_safe_configs_over_every_knob():
     # faults come in the second half of the run, where onsets are late
     fault_steps = [c.fault_step for c in configs if c.fault != "none"]
     assert min(fault_steps) >= 0.4 * steps and max(fault_steps) <= 0.85 * steps
-    # high-LR collapses are spread too: warmups up to half the run
-    assert max(c.warmup_steps for c in configs if c.recipe == "high_lr") > 0.3 * steps
+    # high-LR collapses are spread too: re-warming anywhere from 1/4 to 3/4 of the run
+    rewarms = [c.rewarm_step for c in configs if c.recipe == "high_lr"]
+    assert min(rewarms) < 0.35 * steps and max(rewarms) > 0.65 * steps
 
 
 def test_sampler_is_stable_per_index():

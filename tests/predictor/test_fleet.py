@@ -37,7 +37,7 @@ def test_dask_trained_model_ranks_like_the_local_one(tmp_path_factory, tmp_path)
     with fleet.fleet_client("local") as client:
         model, _ = fleet.fit_on_cluster(splits["train"], splits["validation"], client=client)
     set_levels(model, [r for r in splits["validation"] if not r.collapsed])
-    assert "lightgbm.dask on 2 workers" in model.meta["trainer"]
+    assert model.meta["trainer"].startswith("lightgbm.dask on")
     reloaded = RiskModel.load(model.save(tmp_path / "model"))
     assert reloaded.booster.model_to_string() == model.booster.model_to_string()
 

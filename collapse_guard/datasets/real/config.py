@@ -38,13 +38,20 @@ class RealRunConfig:
     lr: float = 3e-3  # peak learning rate; >= ~0.05 collapses attention without qk_norm
     warmup_steps: int = 100  # linear warmup from 0 to lr, then cosine decay
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    # re-warming (continued pre-training, Gupta et al. 2023): at rewarm_step the LR ramps
+    # linearly to rewarm_lr over rewarm_steps, then decays by cosine to rewarm_lr *
+    # min_lr_ratio. A model that learned at a safe LR collapses visibly when re-warmed
+    # past ~0.05 (a loss rise), where one warmed to that LR at once only plateaus
+    rewarm_step: int = 0  # 0 = no re-warming
+    rewarm_steps: int = 1  # ramp length, steps
+    rewarm_lr: float = 0.0  # second peak LR
     beta1: float = 0.9
     beta2: float = 0.95  # small beta2 (0.5-0.8) makes the second moment jumpy
     eps: float = 1e-8  # tiny eps lets near-zero second moments blow updates up
-    weight_decay: float = 0.1  # decoupled (AdamW), on every weight
+    weight_decay: float = 0.1  # decoupled (AdamW), on matrices only (nanoGPT)
     grad_clip: float = 1.0  # clip the global grad norm at this value; 0.0 disables clipping
     # precision
-    precision: str = "fp32"  # one of PRECISIONS; bf16/fp16 use CPU autocast
+    precision: str = "fp32"  # one of PRECISIONS; bf16/fp16 are emulated (precision.py)
     # injected fault (faults.py)
     fault: str = "none"  # one of FAULTS
     fault_step: int = 0  # first step of the fault
@@ -85,12 +92,21 @@ class RealRunConfig:
         return cls(**data)
 
     def lr_at(self, step: int) -> float:
-        """Scheduled LR: linear warmup from 0 to ``lr``, then cosine to ``lr * min_lr_ratio``."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
-        floor = self.lr * self.min_lr_ratio
-        return floor + 0.5 * (self.lr - floor) * (1.0 + math.cos(math.pi * progress))
+        """Scheduled LR: warmup, cosine to ``lr * min_lr_ratio``; then any re-warming."""
+        if self.rewarm_step and step >= self.rewarm_step:
+            ramp = step - self.rewarm_step
+            start = self._warmup_cosine(self.rewarm_step, self.lr, 0, self.warmup_steps)
+            if ramp < self.rewarm_steps:
+                return start + (self.rewarm_lr - start) * (ramp + 1) / self.rewarm_steps
+            return self._warmup_cosine(step, self.rewarm_lr, self.rewarm_step, self.rewarm_steps)
+        return self._warmup_cosine(step, self.lr, 0, self.warmup_steps)
+
+    def _warmup_cosine(self, step: int, peak: float, begin: int, warmup: int) -> float:
+        if step - begin < warmup:
+            return peak * (step - begin + 1) / warmup
+        progress = min(1.0, (step - begin - warmup) / max(1, self.steps - begin - warmup))
+        floor = peak * self.min_lr_ratio
+        return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
     def model_config(self):
         """The ``GPTConfig`` of this run (imports torch)."""
