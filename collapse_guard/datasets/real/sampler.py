@@ -48,8 +48,10 @@ RECIPES: dict[str, float] = {
 # ~2.1x a step, the deep-narrow one ~0.85x, the shallow one ~0.6x: the mix averages ~1x
 _SHAPES = ((2, 64), (1, 64), (3, 48), (2, 96))
 _SHAPE_P = (0.6, 0.15, 0.15, 0.1)
-_BATCHES = (8, 16, 24)  # batch 32 never collapsed in the issue's measurements
-_BATCH_P = (0.25, 0.5, 0.25)
+# a step costs about linearly in the batch (measured with the probe, 2 workers busy:
+# 35 / 48 / 77 ms at 8 / 16 / 24); batch 32 never collapsed in the issue's measurements
+_BATCHES = (8, 12, 16)
+_BATCH_P = (0.3, 0.4, 0.3)
 
 
 def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
@@ -83,7 +85,7 @@ def _rewarm(rng: np.random.Generator, steps: int) -> dict:
     """Learn at a safe LR, then re-warm to a high one at a step anywhere in mid-run."""
     return {
         "lr": _log_uniform(rng, 2e-3, 1.2e-2),
-        "rewarm_step": int(steps * rng.uniform(0.25, 0.75)),
+        "rewarm_step": int(steps * rng.uniform(0.3, 0.75)),  # after some learning
         "rewarm_steps": int(_log_uniform(rng, 1, 0.3 * steps)),
         "rewarm_lr": _log_uniform(rng, 0.04, 0.25),
         # measured: decaying a re-warmed 0.1 to 0.05 let the loss drift back down
@@ -132,17 +134,19 @@ def _fragile(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
     warmup = int(steps * rng.uniform(0.02, 0.4))  # divergence comes near the peak LR
     if mechanism == "adam_eps":  # a jumpy second moment with nothing to bound the update
         return {
-            "beta2": float(rng.uniform(0.5, 0.9)),
+            # measured: beta2 0.5 diverged at LR 0.0085 and 0.02, 0.82 trained fine
+            "beta2": float(rng.uniform(0.5, 0.75)),
             "eps": _log_uniform(rng, 1e-12, 1e-10),
             "grad_clip": 0.0,
             "lr": _log_uniform(rng, 3e-3, 3e-2),
             "warmup_steps": warmup,
         }
     # fp16 without a loss scaler: activations overflow to inf, the loss goes NaN
+    # (measured: at LR 0.054 and 0.08; at 0.026-0.044 it trained fine)
     return {
         "precision": "fp16",
         "grad_clip": 0.0,
-        "lr": _log_uniform(rng, 0.02, 0.1),
+        "lr": _log_uniform(rng, 0.05, 0.15),
         "warmup_steps": warmup,
     }
 
