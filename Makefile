@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo lint bench clean
+.PHONY: install test test-fast demo lint bench default-model clean
 
 $(STAMP): pyproject.toml requirements-pins.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/probe_overhead.py
+	$(BIN)/python benchmarks/features_speed.py
+
+# Rebuilds the bundled model (collapse_guard/predictor/default_model, < 5 MB) from synthetic
+# runs plus, when REAL names a folder of real runs (`collapse-guard data real`), those too:
+#   make default-model REAL=data/real
+default-model: $(STAMP)
+	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic 400 --work data/bundle-synthetic $(if $(REAL),--real $(REAL))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -3,7 +3,9 @@
     OMP_WAIT_POLICY=passive python benchmarks/synthetic_speed.py --n 10000 --workers 2
 
 Writes into a fresh temporary folder (removed afterwards unless --keep), so every
-run is generated (nothing skipped). Prints the figure and the label agreement.
+run is generated (nothing skipped). Prints the figure, the label agreement and (with
+--calibration) how the first 500 runs compare with the real runs' reference
+(``collapse_guard/datasets/synthetic/real_reference.json``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from collapse_guard.datasets.runfile import read_meta
 from collapse_guard.datasets.synthetic import generate_synthetic_runs, label_agreement
+from collapse_guard.datasets.synthetic.calibration import compare_to_reference
 
 
 def main() -> None:
@@ -25,6 +28,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="spawn pool size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="write here and keep the runs")
+    parser.add_argument(
+        "--calibration", action="store_true", help="compare with the real runs' reference"
+    )
     args = parser.parse_args()
 
     out = args.keep or Path(tempfile.mkdtemp(prefix="synth-bench-"))
@@ -43,6 +49,10 @@ def main() -> None:
             f"{args.n / elapsed:.1f} runs/s"
         )
         print(label_agreement(metas).summary())
+        if args.calibration:
+            report = compare_to_reference(paths[:500])
+            print(report.table())
+            print(report.summary().splitlines()[0])
     finally:
         if args.keep is None:
             shutil.rmtree(out, ignore_errors=True)

@@ -52,6 +52,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collapse_guard._config import reject_unknown_keys
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
@@ -340,13 +341,7 @@ class RunWriter:
         return self.path
 
     def _update_meta(self, updates: dict[str, Any]) -> None:
-        names = {f.name for f in fields(RunMeta)}
-        unknown = sorted(set(updates) - names)
-        if unknown:
-            raise RunFileError(
-                f"{self.path}: close() got unknown metadata field(s) {unknown}; "
-                f"RunMeta fields are {', '.join(sorted(names))}"
-            )
+        reject_unknown_keys(RunMeta, updates, where=f"{self.path}: close()", error=RunFileError)
         if "extra" in updates:
             updates = {**updates, "extra": {**self.meta.extra, **(updates["extra"] or {})}}
         self.meta = replace(self.meta, **updates)

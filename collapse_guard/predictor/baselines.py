@@ -65,6 +65,17 @@ def _measured_nonfinite(frame: pd.DataFrame, name: str) -> np.ndarray:
     return bad
 
 
+def _finite_losses(frame: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
+    # the loss column, and the same with non-finite values left out (NaN) for statistics
+    loss = _column(frame, "loss")
+    return loss, pd.Series(np.where(np.isfinite(loss), loss, np.nan))
+
+
+def _fires(score: np.ndarray, threshold: float) -> np.ndarray:
+    # a native rule fires where its score is over the threshold; no opinion (NaN) never does
+    return np.nan_to_num(score, nan=-np.inf) > threshold
+
+
 class Baseline:
     """Interface of every baseline (see the module docstring)."""
 
@@ -106,7 +117,7 @@ class DSIBaseline(Baseline):
         return np.min(np.vstack(parts), axis=0)
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.nan_to_num(self.score_run(frame), nan=-np.inf) > 0
+        return _fires(self.score_run(frame), 0.0)
 
 
 class OLMoZScoreBaseline(Baseline):
@@ -123,8 +134,7 @@ class OLMoZScoreBaseline(Baseline):
     min_history = 64
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
-        loss = _column(frame, "loss")
-        finite = pd.Series(np.where(np.isfinite(loss), loss, np.nan))
+        loss, finite = _finite_losses(frame)
         prev = finite.shift(1).rolling(self.window, min_periods=self.min_history)
         mean, std = prev.mean().to_numpy(), prev.std(ddof=1).to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -133,7 +143,7 @@ class OLMoZScoreBaseline(Baseline):
         return np.where(_measured_nonfinite(frame, "loss"), np.inf, z)
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.nan_to_num(self.score_run(frame), nan=-np.inf) > self.sigma
+        return _fires(self.score_run(frame), self.sigma)
 
 
 class ZClipBaseline(Baseline):
@@ -176,7 +186,7 @@ class ZClipBaseline(Baseline):
         return np.where(blowup, np.inf, z_out)
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.nan_to_num(self.score_run(frame), nan=-np.inf) > self.z_thresh
+        return _fires(self.score_run(frame), self.z_thresh)
 
 
 class KillLossSpikeBaseline(Baseline):
@@ -194,8 +204,7 @@ class KillLossSpikeBaseline(Baseline):
     patience = 4
 
     def _ratio_and_high(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        loss = _column(frame, "loss")
-        finite = pd.Series(np.where(np.isfinite(loss), loss, np.nan))
+        loss, finite = _finite_losses(frame)
         prev = finite.shift(1)
         mean = prev.rolling(self.window, min_periods=self.window).mean().to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):

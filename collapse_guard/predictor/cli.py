@@ -100,6 +100,42 @@ def print_report(console, report, heading: str) -> None:
             console.print(_scorer_table(report, f"{heading}: {source}", source=source))
 
 
+def _kind_table(report, grouping: str, title: str):
+    """Rich table: per collapse kind, the model's recall and lead at the budget beside the
+    best baseline's recall there (``grouping``: the label's ``kind`` or the ``cause``)."""
+    from rich import box
+    from rich.table import Table
+
+    wide = report.kind_table(grouping)
+    baselines = [
+        c.removesuffix(" recall")
+        for c in wide.columns
+        if c.endswith(" recall") and c != "model recall"
+    ]
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in (grouping, "n", "recall", "lead", "best baseline"):
+        table.add_column(
+            column, justify="left" if column in (grouping, "best baseline") else "right"
+        )
+
+    def fmt(value, digits: int = 3) -> str:
+        return "—" if value is None or value != value else f"{value:.{digits}g}"
+
+    for kind, row in wide.iterrows():
+        recalls = {
+            b: row[f"{b} recall"] for b in baselines if row[f"{b} recall"] == row[f"{b} recall"]
+        }
+        best = max(recalls, key=recalls.get, default=None)
+        table.add_row(
+            str(kind),
+            str(row["n"]),
+            fmt(row.get("model recall")),
+            fmt(row.get("model lead")),
+            "—" if best is None or not recalls[best] else f"{best} {fmt(recalls[best])}",
+        )
+    return table
+
+
 def comparison_scores(runs, budgets: dict):
     """The promotion score: one evaluation, applied to the new model and to the champion."""
     from collapse_guard.predictor.evaluation import evaluate_runs
@@ -222,6 +258,10 @@ def evaluate_command(
     # no training runs here, so no config-only baseline: it must be fitted on other runs
     report = evaluate_runs(records, risk_model, default_baselines(), horizon=risk_model.horizon)
     print_report(console, report, f"model {risk_model.meta['version']}")
+    if report.by_kind and "model" in set(report.kinds_frame()["scorer"]):
+        for grouping in ("kind", "cause"):
+            title = f"per collapse {grouping}, all sources, at the same budget"
+            console.print(_kind_table(report, grouping, title))
 
 
 def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:

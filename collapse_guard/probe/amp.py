@@ -21,7 +21,6 @@ import math
 
 import torch
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import Event, ProbeState, SignalFamily
 
 __all__ = ["AmpFamily"]
@@ -39,14 +38,9 @@ class AmpFamily(SignalFamily):
     period_field = "output_every"
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
 
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
-        self._before: tuple[int, torch.Tensor] | None = None
-
     def reset(self) -> None:
         super().reset()
-        self._before = None
+        self._before: tuple[int, torch.Tensor] | None = None
 
     def update(self, state: ProbeState) -> AmpFamily:
         scale = _scale_of(state.scaler)

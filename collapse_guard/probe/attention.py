@@ -33,7 +33,6 @@ import math
 import torch
 
 from collapse_guard.probe.capture import AttentionCapture
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import ProbeState, SignalFamily
 
 __all__ = ["AttentionCapture", "AttentionFamily", "head_similarity"]
@@ -76,14 +75,9 @@ class AttentionFamily(SignalFamily):
     )
     period_field = "attention_every"
 
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
-        self._previous: list[torch.Tensor] | None = None
-
     def reset(self) -> None:
         super().reset()
-        self._previous = None
+        self._previous: list[torch.Tensor] | None = None
 
     def update(self, state: ProbeState) -> AttentionFamily:
         captures: list[AttentionCapture] = state.probe_pass.attention if state.probe_pass else []

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from collapse_guard._config import reject_unknown_keys
+
 __all__ = ["ProbeConfig"]
 
 
@@ -65,12 +67,7 @@ class ProbeConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ProbeConfig:
         """Build from a mapping (e.g. a YAML override); an unknown key raises ``ValueError``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown ProbeConfig key(s) {unknown}; known keys are {sorted(known)}"
-            )
+        reject_unknown_keys(cls, values)
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import math
 
 import torch
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import Event, ProbeState, SignalFamily
 
 __all__ = ["GradientFamily", "unscale_factor"]
@@ -47,9 +46,8 @@ class GradientFamily(SignalFamily):
     period_field = "gradient_every"
     events = frozenset({Event.AFTER_BACKWARD})
 
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
+    def reset(self) -> None:
+        super().reset()
         self._layout_key: tuple | None = None
         self._layer_of: dict[int, int] = {}  # id(param) -> layer index
         self._n_layers = 0
@@ -141,8 +139,3 @@ class GradientFamily(SignalFamily):
         bottom_index = torch.tensor(bottom, dtype=torch.long, device=device)
         self._index_key, self._index_cache = key, (layer_index, bottom_index)
         return self._index_cache
-
-    def reset(self) -> None:
-        super().reset()
-        self._layout_key = None
-        self._index_key = None

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import ProbeState, SignalFamily
 
 __all__ = ["OutputFamily", "PredictionFamily"]
@@ -38,10 +37,6 @@ __all__ = ["OutputFamily", "PredictionFamily"]
 class OutputFamily(SignalFamily):
     keys = ("loss", "loss_nonfinite", "lr", "output_logit_max")
     period_field = "output_every"
-
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
 
     def update(self, state: ProbeState) -> OutputFamily:
         values: dict[str, torch.Tensor | float] = {"lr": state.lr}
@@ -59,10 +54,6 @@ class OutputFamily(SignalFamily):
 class PredictionFamily(SignalFamily):
     keys = ("output_entropy", "output_repetition")
     period_field = "attention_every"
-
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
 
     def update(self, state: ProbeState) -> PredictionFamily:
         logits = state.probe_pass.logits if state.probe_pass else None

@@ -26,7 +26,6 @@ import warnings
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import ProbeState, SignalFamily
 
 __all__ = ["SharpnessFamily", "top_eigenvalue"]
@@ -71,11 +70,6 @@ class SharpnessFamily(SignalFamily):
     keys = ("sharpness", "sharpness_lr")
     period_field = "sharpness_every"
     isolated = True  # needs grad; the probe gives eval mode and a forked RNG
-
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
-        self.reset()
 
     def reset(self) -> None:
         super().reset()

@@ -33,6 +33,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from collapse_guard.probe.config import ProbeConfig
+
 __all__ = ["Event", "ProbeState", "SignalFamily", "to_floats"]
 
 
@@ -70,8 +72,10 @@ class SignalFamily:
     # True: the probe runs update() with the model in eval mode and the RNG forked
     isolated: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, config: ProbeConfig | None = None) -> None:
+        self.config = config or ProbeConfig()
         self._values: dict[str, torch.Tensor | float] = {}
+        self.reset()  # a family's history starts where reset() leaves it
 
     def update(self, state: ProbeState) -> SignalFamily:
         raise NotImplementedError
@@ -88,7 +92,7 @@ class SignalFamily:
         self._values = {}
 
     def reset(self) -> None:
-        """Forget everything, as if just constructed."""
+        """Forget everything, as if just constructed (subclasses extend it, calling super)."""
         self._values = {}
 
 

@@ -20,7 +20,6 @@ import math
 
 import torch
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import ProbeState, SignalFamily
 
 __all__ = ["SystemFamily", "host_mem_available"]
@@ -42,14 +41,9 @@ class SystemFamily(SignalFamily):
     keys = ("host_mem_available", "gpu_power_w", "gpu_mem_used")
     period_field = "system_every"
 
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
-        self._nvml_ok = True  # flips to False at the first NVML failure: no retry per step
-
     def reset(self) -> None:
         super().reset()
-        self._nvml_ok = True
+        self._nvml_ok = True  # flips to False at the first NVML failure: no retry per step
 
     def update(self, state: ProbeState) -> SystemFamily:
         values: dict[str, float] = {"host_mem_available": host_mem_available()}

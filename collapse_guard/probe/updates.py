@@ -29,7 +29,6 @@ import math
 
 import torch
 
-from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.state import Event, ProbeState, SignalFamily
 
 __all__ = ["UpdateFamily"]
@@ -39,11 +38,6 @@ class UpdateFamily(SignalFamily):
     keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
     period_field = "update_every"
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
-
-    def __init__(self, config: ProbeConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or ProbeConfig()
-        self.reset()
 
     def reset(self) -> None:
         super().reset()

@@ -7,11 +7,13 @@ the pool tests spawn processes, which costs a few seconds of start-up each.
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
 
 import pytest
 import torch
 
+from collapse_guard.datasets.parallel import run_progress, spawn_pool
 from collapse_guard.datasets.real import (
     FAULTS,
     PRECISIONS,
@@ -50,7 +52,7 @@ def test_corpus_is_deterministic_python_source():
 def test_config_round_trips_and_rejects_unknown_keys():
     config = RealRunConfig(lr=0.05, fault="lr_jump", fault_step=10, fault_scale=5.0)
     assert RealRunConfig.from_dict(config.to_dict()) == config
-    with pytest.raises(ValueError, match="unknown RealRunConfig keys"):
+    with pytest.raises(ValueError, match=r"unknown RealRunConfig key.*known keys"):
         RealRunConfig.from_dict({"lr": 0.1, "learning_rate": 0.1})
     with pytest.raises(ValueError, match="expected one of"):
         RealRunConfig(fault="meteor")
@@ -216,6 +218,15 @@ def test_generation_resumes_skipping_finished_runs_and_redoing_temp_files(tmp_pa
     assert not temp_path(paths[1]).exists()
     frame, meta = read_run(paths[1])
     assert len(frame) == 20 and meta.config == sample_config(5, 1, steps=20).to_dict()
+
+
+def test_spawn_pool_yields_every_result_of_chunked_tasks_and_the_bar_counts():
+    # the shared pool of both generators (real: chunks of 1; synthetic: chunks of 8)
+    tasks = [(i, 10) for i in range(5)]
+    assert sorted(spawn_pool(operator.add, tasks, 2, chunksize=2)) == [10, 11, 12, 13, 14]
+    with run_progress("runs", total=3, done=1, enabled=False) as advance:
+        advance()
+        advance("healthy 2")
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@ agreement with the label, and the calibration machinery."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,10 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run, write_run
+from collapse_guard.datasets.runfile import RUN_COLUMNS, RunMeta, read_meta, write_run
 from collapse_guard.datasets.synthetic import (
     KINDS,
     SamplerConfig,
+    calibration,
     compare_run_sets,
     dataset_spikes,
     generate_synthetic_runs,
@@ -24,7 +27,7 @@ from collapse_guard.datasets.synthetic import (
     synth_run,
 )
 from collapse_guard.datasets.synthetic.agreement import onset_agrees
-from collapse_guard.datasets.synthetic.calibration import ks_statistic
+from collapse_guard.datasets.synthetic.calibration import RISE_CAP, ks_statistic, run_stats
 from collapse_guard.datasets.synthetic.spec import EXPECTED_LABEL_KIND, RecoveredSpike, RunSpec
 from collapse_guard.signals import SIGNALS
 
@@ -234,20 +237,106 @@ def test_calibration_fails_for_a_shifted_set(synthetic_sets):
     assert {"loss_level", "loss_noise"} <= set(report.failures), report.summary()
 
 
-@pytest.mark.slow
-def test_synthetic_matches_real_runs(tmp_path):
-    """Synthetic vs real small runs, when the real-run generator is available."""
-    real = pytest.importorskip("collapse_guard.datasets.real")
-    generate_real_runs = getattr(real, "generate_real_runs", None)
-    if generate_real_runs is None:
-        pytest.skip("collapse_guard.datasets.real does not expose generate_real_runs yet")
-    real_paths = generate_real_runs(
-        8, tmp_path / "real", workers=2, seed=0, steps=800, progress=False
+def test_run_stats_handle_exploded_and_nonfinite_losses():
+    """An exploded (finite, 1e6) loss is capped; a NaN-labelled run has no rise."""
+    steps = np.arange(1000)
+    rng = np.random.default_rng(0)
+    loss = 2.5 + 0.1 * rng.standard_normal(1000)
+    frame = pd.DataFrame({"step": steps, "loss": loss, "grad_norm": np.full(1000, 0.5)})
+    exploded = frame.assign(loss=np.where(steps >= 600, 6e6, loss))
+    meta = RunMeta(run_id="x", source="real", onset_step=600, extra={"collapse_kind": "loss_rise"})
+    stats = run_stats(exploded, meta)
+    assert stats["collapse_rise"] == RISE_CAP
+    assert abs(stats["loss_level"] - 2.5) < 0.05  # before onset only
+    assert 0.1 < stats["loss_noise"] / math.sqrt(2) < 0.2
+    diverged = frame.assign(loss=np.where(steps >= 600, np.nan, loss))
+    nonfinite = replace(meta, extra={"collapse_kind": "nonfinite"})
+    stats = run_stats(diverged, nonfinite)
+    assert math.isnan(stats["collapse_rise"])
+    assert abs(stats["pre_loss_drift"]) < 0.1 and stats["onset_frac"] == 600 / 999
+    # signals a run does not have are NaN, not errors
+    assert math.isnan(stats["attn_logit_level"]) and math.isnan(stats["pre_logit_drift"])
+
+
+def test_reference_round_trip_and_cli(synthetic_sets, tmp_path, capsys):
+    """The reference file keeps what the comparison needs: same verdict as the runs."""
+    a, b, _ = synthetic_sets
+    out = tmp_path / "ref.json"
+    assert calibration.main(["--real", str(a[0].parent), "--write-reference", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    table, info = calibration.load_reference(out)
+    assert info["n_runs"] == len(a) == len(table)
+    assert info["stats_version"] == calibration.STATS_VERSION
+    assert info["command"].endswith("--write-reference")
+    direct = compare_run_sets(a, b)
+    stored = calibration.compare_to_reference(b, out)
+    for d, s in zip(direct.distances, stored.distances, strict=True):
+        assert d.n_a == s.n_a and d.passed == s.passed, d.name
+        assert math.isclose(d.median_a, s.median_a, rel_tol=1e-3, abs_tol=1e-4), d.name
+    stale = json.loads(out.read_text())
+    stale["stats_version"] = -1
+    out.write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="regenerate it"):
+        calibration.load_reference(out)
+
+
+@pytest.fixture(scope="module")
+def default_synthetic_stats(tmp_path_factory):
+    """Per-run statistics of 120 synthetic runs drawn with the default sampler (~50
+    collapses: enough to judge the drifts, a few seconds)."""
+    paths = generate_synthetic_runs(120, tmp_path_factory.mktemp("default"), seed=0)
+    return calibration.stats_table(paths)
+
+
+def test_reference_describes_the_real_runs():
+    table, info = calibration.load_reference()
+    assert info["source"]["generator"].startswith("collapse_guard.datasets.real")
+    assert info["n_runs"] >= 50 and 0.2 <= info["n_collapsed"] / info["n_runs"] <= 0.6
+    assert "--write-reference" in info["command"] and info["created"]
+    for name in calibration.STATS:  # every statistic is there, with enough runs to judge
+        assert table[name].notna().sum() >= calibration.MIN_RUNS, name
+
+
+def test_synthetic_matches_the_real_reference(default_synthetic_stats):
+    """Issue 3: the default generator's per-run statistics sit within the stated bounds
+    (calibration.BOUNDS) of the real runs' (real_reference.json)."""
+    real, _ = calibration.load_reference()
+    report = calibration.compare_stats(real, default_synthetic_stats)
+    print(report.table())
+    assert report.passed, report.summary()
+    judged = {d.name for d in report.distances if d.judged}
+    assert set(calibration.BOUNDS) <= judged, report.summary()
+
+
+def test_reference_comparison_catches_a_drift(default_synthetic_stats, tmp_path):
+    """The comparison is not a rubber stamp: the generator's old, too-quiet loss noise
+    (0.02-0.08 nats, 2.5x under the real batch noise) and too-strong precursors fail."""
+    real, _ = calibration.load_reference()
+    quiet = generate_synthetic_runs(
+        80, tmp_path, seed=0, config=SamplerConfig(loss_noise=(0.02, 0.08))
     )
-    synth_paths = generate_synthetic_runs(60, tmp_path / "synth", seed=0, workers=1)
+    report = calibration.compare_stats(real, calibration.stats_table(quiet))
+    assert "loss_noise" in report.failures, report.summary()
+    strong = default_synthetic_stats.copy()
+    strong["pre_logit_drift"] += 1.0  # a decade of logit growth before every onset
+    strong["pre_entropy_drift"] -= 0.5
+    report = calibration.compare_stats(real, strong)
+    assert {"pre_logit_drift", "pre_entropy_drift"} <= set(report.failures), report.summary()
+
+
+@pytest.mark.slow
+def test_synthetic_matches_real_run_files(tmp_path):
+    """The same comparison against real run files, when a folder of them is given:
+    COLLAPSE_GUARD_REAL_RUNS=data/real pytest -m slow -k real_run_files"""
+    folder = os.environ.get("COLLAPSE_GUARD_REAL_RUNS")
+    if not folder:
+        pytest.skip(
+            "set COLLAPSE_GUARD_REAL_RUNS to a folder of real run files (collapse-guard data "
+            "real --out DIR) to compare against them; the fast test uses real_reference.json"
+        )
+    real_paths = calibration.real_run_files(folder)
+    assert all(read_meta(p).source == "real" for p in real_paths)
+    synth_paths = generate_synthetic_runs(200, tmp_path / "synth", seed=0, workers=2)
     report = compare_run_sets(real_paths, synth_paths)
-    print(report.summary())
-    levels = {d.name: d for d in report.distances}
-    for name in ("loss_level", "loss_noise"):
-        assert levels[name].passed, report.summary()
-    assert all(read_run(p)[1].source == "real" for p in real_paths)
+    print(report.table())
+    assert report.passed, report.summary()

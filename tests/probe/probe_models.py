@@ -25,17 +25,31 @@ def token_batches(n: int, batch: int = 4, seq: int = 8, seed: int = 1) -> list:
     ]
 
 
+def probed_step(model, optimizer, batch, probe=None, *, before_step=None) -> tuple:
+    """One step of the user's loop of DESIGN.md's public API: ``(record, logits, loss)``.
+
+    ``before_step()`` runs between ``after_backward`` and the optimizer step (where a
+    loop clips). Gradients are left in place, for the test to read or zero.
+    """
+    x, y = batch
+    logits, loss = model(x, y)
+    loss.backward()
+    if probe is not None:
+        probe.after_backward(loss)
+    if before_step is not None:
+        before_step()
+    optimizer.step()
+    record = probe.after_step() if probe is not None else None
+    return record, logits, loss
+
+
 def train(model, optimizer, batches, probe=None) -> list[dict]:
-    """The user's loop of DESIGN.md's public API; returns the probe's records."""
+    """The user's loop over ``batches``; returns the probe's records."""
     records = []
-    for x, y in batches:
-        _, loss = model(x, y)
-        loss.backward()
+    for batch in batches:
+        record, _, _ = probed_step(model, optimizer, batch, probe)
         if probe is not None:
-            probe.after_backward(loss)
-        optimizer.step()
-        if probe is not None:
-            records.append(probe.after_step())
+            records.append(record)
         optimizer.zero_grad()
     return records
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from probe_models import NoAttention, tiny_gpt, token_batches, train
+from probe_models import NoAttention, probed_step, tiny_gpt, token_batches, train
 
 from collapse_guard.probe import Probe, ProbeConfig
 from collapse_guard.signals import SIGNAL_NAMES
@@ -57,14 +57,10 @@ def test_lr_set_by_the_loop_or_by_a_scheduler():
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     probe = Probe(model, optimizer)
     lrs = []
-    for step, (x, y) in enumerate(token_batches(3)):
+    for step, batch in enumerate(token_batches(3)):
         for group in optimizer.param_groups:  # nanoGPT style
             group["lr"] = 0.1 * (step + 1)
-        _, loss = model(x, y)
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        lrs.append(probe.after_step()["lr"])
+        lrs.append(probed_step(model, optimizer, batch, probe)[0]["lr"])
         optimizer.zero_grad()
     assert lrs == pytest.approx([0.1, 0.2, 0.3])
 
@@ -73,13 +69,9 @@ def test_lr_set_by_the_loop_or_by_a_scheduler():
         group["lr"] = 1.0
     scheduler.base_lrs = [1.0]
     lrs = []
-    for x, y in token_batches(2):
-        _, loss = model(x, y)
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        lrs.append(probe.after_step()["lr"])
-        scheduler.step()
+    for batch in token_batches(2):
+        lrs.append(probed_step(model, optimizer, batch, probe)[0]["lr"])
+        scheduler.step()  # after after_step: the record holds the step's own lr
         optimizer.zero_grad()
     assert lrs == pytest.approx([1.0, 0.5])
 

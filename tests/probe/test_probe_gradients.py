@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from probe_models import Layered, tiny_gpt, token_batches, train
+from probe_models import Layered, probed_step, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.probe import Probe
@@ -52,14 +52,15 @@ def test_frozen_bottom_block_has_zero_gradient_norm():
 def test_grad_norm_matches_clip_grad_norm_and_is_read_before_clipping():
     model = tiny_gpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []  # clip_grad_norm_ returns the norm before clipping
+
+    def clip() -> None:
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3))
+
     probe = Probe(model, optimizer)
-    x, y = token_batches(1)[0]
-    _, loss = model(x, y)
-    loss.backward()
-    probe.after_backward(loss)
-    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3)
-    optimizer.step()
-    assert probe.after_step()["grad_norm"] == pytest.approx(total.item(), rel=1e-5)
+    record, _, _ = probed_step(model, optimizer, token_batches(1)[0], probe, before_step=clip)
+    total = norms[0]
+    assert record["grad_norm"] == pytest.approx(total.item(), rel=1e-5)
     bottom = torch.stack([p.grad.norm() for p in model.blocks[0].parameters()]).norm()
     assert bottom.item() < total.item()  # sanity: the block is part of the whole
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from probe_models import tiny_gpt, token_batches, train
+from probe_models import probed_step, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.probe import Probe, ProbeConfig
@@ -19,13 +19,9 @@ from collapse_guard.probe.system import host_mem_available
 def test_output_logit_max_is_the_largest_training_logit():
     model = tiny_gpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    probe = Probe(model, optimizer)
-    x, y = token_batches(1)[0]
-    logits, loss = model(x, y)
-    loss.backward()
-    probe.after_backward(loss)
-    optimizer.step()
-    record = probe.after_step()
+    record, logits, loss = probed_step(
+        model, optimizer, token_batches(1)[0], Probe(model, optimizer)
+    )
     assert record["output_logit_max"] == pytest.approx(logits.abs().max().item())
     assert record["loss"] == pytest.approx(loss.item())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ __all__ = [
     "parse_number",
     "piece_part",
     "read_head",
+    "row_from_fields",
     "runs_from_rows",
+    "sniff_lines",
     "split_where_steps_fall",
     "warn_line",
 ]
@@ -76,6 +79,11 @@ def read_head(path: Path, n_bytes: int = HEAD_BYTES) -> str:
         return fh.read(n_bytes).decode("utf-8", errors="replace")
 
 
+def sniff_lines(path: Path, suffixes: tuple[str, ...], pattern: re.Pattern[str]) -> bool:
+    """A line log's sniff: a file with one of ``suffixes`` whose head matches ``pattern``."""
+    return path.suffix.lower() in suffixes and bool(pattern.search(read_head(path)))
+
+
 def warn_line(path: Path, line: int, what: str) -> None:
     """Warn about one unreadable line; the parser skips it and keeps going."""
     warnings.warn(f"{path}:{line}: {what}; line skipped", LogParseWarning, stacklevel=3)
@@ -100,6 +108,31 @@ def parse_number(text: object) -> tuple[float, bool]:
 def is_nan_word(text: object) -> bool:
     """True when a logged value says the quantity was measured and was NaN."""
     return str(text).strip().lower() in _NAN_WORDS
+
+
+def row_from_fields(
+    step: int, fields: Mapping[str, str], names: Mapping[str, str]
+) -> tuple[dict[str, float], list[str]]:
+    """A line log's row: ``(row, unreadable keys)``.
+
+    ``fields`` maps the keys logged on the line to their text, ``names`` maps logged keys
+    to signal names. The row holds ``step``, every readable signal, and
+    ``loss_nonfinite`` = 1 where the loss was logged as NaN; keys whose text is not a
+    number are left out of it and listed, for the parser to warn about.
+    """
+    row: dict[str, float] = {"step": step}
+    unreadable: list[str] = []
+    for key, name in names.items():
+        if key not in fields:
+            continue
+        value, ok = parse_number(fields[key])
+        if not ok:
+            unreadable.append(key)
+            continue
+        row[name] = value
+        if name == "loss" and is_nan_word(fields[key]):
+            row["loss_nonfinite"] = 1.0
+    return row, unreadable
 
 
 def frames_from_table(

@@ -40,10 +40,10 @@ import numpy as np
 
 from collapse_guard.datasets.importers.common import (
     ParsedRun,
-    is_nan_word,
     parse_number,
-    read_head,
+    row_from_fields,
     runs_from_rows,
+    sniff_lines,
     warn_line,
 )
 
@@ -64,7 +64,7 @@ _MAX_WRAPPED = 3
 
 def sniff(path: Path) -> bool:
     """A text file with at least one ``iteration N/ M | ... loss ...`` line near its start."""
-    return path.suffix.lower() in SUFFIXES and bool(_SNIFF.search(read_head(path)))
+    return sniff_lines(path, SUFFIXES, _SNIFF)
 
 
 def parse_line(text: str) -> tuple[int, int, dict[str, str]] | None:
@@ -87,21 +87,13 @@ def _loss_field(fields: dict[str, str]) -> str | None:
 
 
 def _row(path: Path, lineno: int, step: int, fields: dict[str, str]) -> dict[str, float] | None:
-    row: dict[str, float] = {"step": step}
     wanted = dict(_FIELDS)
     loss_key = _loss_field(fields)
     if loss_key:
         wanted[loss_key] = "loss"
-    for key, canon in wanted.items():
-        if key not in fields:
-            continue
-        value, ok = parse_number(fields[key])
-        if not ok:
-            warn_line(path, lineno, f"{key!r} = {fields[key]!r} is not a number (wrapped line?)")
-            continue
-        row[canon] = value
-    if loss_key and is_nan_word(fields[loss_key]):
-        row["loss_nonfinite"] = 1.0
+    row, unreadable = row_from_fields(step, fields, wanted)
+    for key in unreadable:
+        warn_line(path, lineno, f"{key!r} = {fields[key]!r} is not a number (wrapped line?)")
     skipped, ok = parse_number(fields.get(_SKIPPED, ""))
     if ok and not np.isnan(skipped):
         row["overflow"] = float(skipped > 0)

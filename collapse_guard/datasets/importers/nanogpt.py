@@ -17,10 +17,9 @@ from pathlib import Path
 
 from collapse_guard.datasets.importers.common import (
     ParsedRun,
-    is_nan_word,
-    parse_number,
-    read_head,
+    row_from_fields,
     runs_from_rows,
+    sniff_lines,
     warn_line,
 )
 
@@ -36,7 +35,7 @@ _KEYS = {"train_loss": "loss", "trl": "loss", "lr": "lr", "norm": "grad_norm"}
 
 def sniff(path: Path) -> bool:
     """A text file with a modded-nanogpt ``train_loss`` or llm.c ``trl`` step line."""
-    return path.suffix.lower() in SUFFIXES and bool(_TRAIN.search(read_head(path)))
+    return sniff_lines(path, SUFFIXES, _TRAIN)
 
 
 def _parse_train_line(path: Path, lineno: int, text: str) -> dict[str, float] | None:
@@ -47,16 +46,11 @@ def _parse_train_line(path: Path, lineno: int, text: str) -> dict[str, float] | 
     fields = dict(tok.split(":", 1) for tok in text[match.end() :].split() if ":" in tok)
     if "train_loss" not in fields and "trl" not in fields:
         return None  # an evaluation line (val_loss / tel)
-    row: dict[str, float] = {"step": int(match.group(1) or match.group(3))}
-    for key, canon in _KEYS.items():
-        if key in fields:
-            value, ok = parse_number(fields[key])
-            if not ok:
-                warn_line(path, lineno, f"{key}:{fields[key]} is not a number")
-                return None
-            row[canon] = value
-            if canon == "loss" and is_nan_word(fields[key]):
-                row["loss_nonfinite"] = 1.0
+    row, unreadable = row_from_fields(int(match.group(1) or match.group(3)), fields, _KEYS)
+    if unreadable:
+        key = unreadable[0]
+        warn_line(path, lineno, f"{key}:{fields[key]} is not a number")
+        return None
     return row
 
 

@@ -8,7 +8,9 @@ run file's metadata, so a run describes itself.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+
+from collapse_guard._config import reject_unknown_keys
 
 __all__ = ["FAULTS", "PRECISIONS", "RealRunConfig"]
 
@@ -84,12 +86,7 @@ class RealRunConfig:
     @classmethod
     def from_dict(cls, data: dict) -> RealRunConfig:
         """Inverse of ``to_dict``; an unknown key is an error, not silently dropped."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown RealRunConfig keys {unknown}; expected a subset of {sorted(known)}"
-            )
+        reject_unknown_keys(cls, data)
         return cls(**data)
 
     def lr_at(self, step: int) -> float:

@@ -7,21 +7,20 @@ size one thread per run, one run per core, is the fastest use of a machine.
 Resumable: run ``i`` of a seed always gets the same id, file name and config, a
 finished file is skipped, and a leftover ``.tmp`` (a run killed midway) is redone.
 
-Processes are started by spawn, never fork: a forked child of a process that already
-ran torch or OpenMP work can hang (../shared/STACK.md). ``OMP_WAIT_POLICY=passive``
-is set in the parent before the pool starts (children inherit it) and again in each
-child before torch is imported: spinning OpenMP threads make a busy machine crawl.
+Processes are started by spawn, never fork (``datasets.parallel``, shared with the
+synthetic generator). ``OMP_WAIT_POLICY=passive`` is set in the parent before the pool
+starts (children inherit it) and again in each child before torch is imported:
+spinning OpenMP threads make a busy machine crawl.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from collapse_guard.datasets.parallel import run_progress, spawn_pool
 from collapse_guard.datasets.real.config import RealRunConfig
 from collapse_guard.datasets.real.runner import RunResult
 from collapse_guard.datasets.real.sampler import sample_configs
@@ -60,11 +59,7 @@ def _results_in_process(tasks: list[tuple[dict, str, str]]) -> Iterator[RunResul
 
 def _results_from_pool(tasks: list[tuple[dict, str, str]], workers: int) -> Iterator[RunResult]:
     _single_threaded_env()  # children inherit the parent's environment at spawn
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_single_threaded_env) as pool:
-        futures = [pool.submit(run_task, *task) for task in tasks]
-        for future in as_completed(futures):
-            yield future.result()
+    yield from spawn_pool(run_task, tasks, workers, initializer=_single_threaded_env)
 
 
 def _results_from_dask(tasks: list[tuple[dict, str, str]], scheduler: str) -> Iterator[RunResult]:
@@ -122,27 +117,8 @@ def generate_real_runs(
 
 def _drain(results: Iterator[RunResult], *, total: int, done: int, show: bool) -> None:
     """Consume ``results`` while a rich progress bar counts runs and collapses."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     causes: Counter[str] = Counter()
-    columns = (
-        TextColumn("[bold]real runs"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.description}"),
-    )
-    with Progress(*columns, disable=not show) as bar:
-        task = bar.add_task("", total=total, completed=done)
+    with run_progress("[bold]real runs", total=total, done=done, enabled=show) as advance:
         for result in results:
             causes[result.cause or "healthy"] += 1
-            summary = ", ".join(f"{cause} {count}" for cause, count in causes.most_common())
-            bar.update(task, advance=1, description=summary)
+            advance(", ".join(f"{cause} {count}" for cause, count in causes.most_common()))

@@ -16,13 +16,6 @@ spikes), ``traces`` (one builder per signal family), ``amp`` (GradScaler replay)
 """
 
 from collapse_guard.datasets.synthetic.agreement import AgreementReport, label_agreement
-from collapse_guard.datasets.synthetic.calibration import (
-    BOUNDS,
-    CalibrationReport,
-    compare_run_sets,
-    run_stats,
-    stats_table,
-)
 from collapse_guard.datasets.synthetic.frame import make_frame
 from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs, synth_run
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, sample_spec
@@ -47,3 +40,15 @@ __all__ = [
     "stats_table",
     "synth_run",
 ]
+
+# Loaded on first use, so that `python -m collapse_guard.datasets.synthetic.calibration`
+# runs the module fresh (no runpy warning about a module imported twice).
+_CALIBRATION = ("BOUNDS", "CalibrationReport", "compare_run_sets", "run_stats", "stats_table")
+
+
+def __getattr__(name: str):
+    if name in _CALIBRATION:
+        from collapse_guard.datasets.synthetic import calibration
+
+        return getattr(calibration, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
