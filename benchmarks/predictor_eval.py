@@ -108,11 +108,13 @@ def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[di
     no run measured are left out."""
     from collapse_guard.predictor.evaluation import HEALTHY_CONTROL, family_lead_table
 
+    if source != "all":
+        leads = leads[leads["source"] == source]
     table = family_lead_table(leads, by=by)
-    families = [
-        f for f in dict.fromkeys(table["family"]) if table.loc[table.family == f, "n"].any()
-    ]
-    model = report.kind_table(by) if "model" in report.kinds_frame()["scorer"].values else None
+    measured = table.groupby("family", sort=False)["n"].sum()
+    families = [f for f, n in measured.items() if n > 0]
+    has_model = "model" in report.kinds_frame()["scorer"].values
+    model = report.kind_table(by, source=source) if has_model else None
     rows = []
     for kind, group in table.groupby(by, sort=False):
         group = group.set_index("family")
