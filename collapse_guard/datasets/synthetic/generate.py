@@ -5,13 +5,13 @@ for i in 0 .. n-1. Each run is drawn from its own ``SeedSequence(seed, spawn_key
 (``sampler.py``), so the files are identical whatever the worker count; a file that
 already exists is skipped, so an interrupted call resumes where it stopped.
 
-Workers are a *spawn* process pool: fork after numpy/OpenMP work can hang the child
-(../shared/STACK.md), and spawn is the same on every platform.
+Workers are the shared *spawn* process pool of ``datasets.parallel`` (fork after
+numpy/OpenMP work can hang the child, ../shared/STACK.md).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from collapse_guard.datasets.label import apply_label, label_run
+from collapse_guard.datasets.parallel import run_progress, spawn_pool
 from collapse_guard.datasets.runfile import RunMeta, write_run
 from collapse_guard.datasets.synthetic.frame import make_frame
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, run_id, sample_spec
@@ -65,9 +66,8 @@ def synth_run(spec: RunSpec) -> tuple[pd.DataFrame, RunMeta]:
     return frame, apply_label(meta, label_run(frame))
 
 
-def _one(task: tuple[int, int, SamplerConfig, str]) -> str:
+def _one(index: int, seed: int, config: SamplerConfig, out: str) -> str:
     """Worker: sample, build, label and write run ``index``; returns the path."""
-    index, seed, config, out = task
     spec = sample_spec(index, seed, config)
     frame, meta = synth_run(spec)
     return str(write_run(Path(out) / f"{spec.run_id}.parquet", frame, meta))
@@ -75,11 +75,8 @@ def _one(task: tuple[int, int, SamplerConfig, str]) -> str:
 
 def _results(tasks: list, workers: int) -> Iterator[str]:
     if workers <= 1 or len(tasks) <= _CHUNK:
-        yield from map(_one, tasks)
-        return
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes=workers) as pool:
-        yield from pool.imap_unordered(_one, tasks, chunksize=_CHUNK)
+        return itertools.starmap(_one, tasks)
+    return spawn_pool(_one, tasks, workers, chunksize=_CHUNK)
 
 
 def generate_synthetic_runs(
@@ -107,48 +104,9 @@ def generate_synthetic_runs(
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{run_id(seed, i)}.parquet" for i in range(n)]
     tasks = [(i, seed, config, str(out)) for i, p in enumerate(paths) if not p.exists()]
-    bar = _Bar(progress, total=n, done=n - len(tasks))
-    with bar:
+    with run_progress("synthetic runs", total=n, done=n - len(tasks), enabled=progress) as advance:
         for written in _results(tasks, workers):
-            bar.advance()
+            advance()
             if on_run is not None:
                 on_run(Path(written))
     return paths
-
-
-class _Bar:
-    """A rich progress bar, or nothing (tests, library calls)."""
-
-    def __init__(self, enabled: bool, total: int, done: int) -> None:
-        self._progress = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("synthetic runs"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-            )
-            self._task = self._progress.add_task("synth", total=total, completed=done)
-
-    def __enter__(self) -> _Bar:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def advance(self) -> None:
-        if self._progress is not None:
-            self._progress.advance(self._task)
