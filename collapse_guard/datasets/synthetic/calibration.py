@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import glob
 import json
 import math
 import os
@@ -71,7 +70,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.runfile import RunMeta, read_run
+from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
 
 __all__ = [
     "BOUNDS",
@@ -476,9 +475,7 @@ def _real_source(paths: list[Path]) -> dict:
 
 def real_run_files(folder: str | os.PathLike) -> list[Path]:
     """Finished run files under ``folder`` (``*.parquet``; ``*.parquet.tmp`` are skipped)."""
-    paths = sorted(
-        Path(p) for p in glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True)
-    )
+    paths = list_runs(folder)
     if not paths:
         raise FileNotFoundError(f"no finished run files (*.parquet) under {folder}")
     return paths
