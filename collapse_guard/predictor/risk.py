@@ -23,7 +23,6 @@ that says how to fix it, never silently wrong probabilities.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -274,8 +273,6 @@ def _check_schema(schema: FeatureSchema, folder: Path) -> None:
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
