@@ -101,10 +101,10 @@ def test_sampler_mixes_collapse_prone_and_safe_configs_over_every_knob():
     assert len(prone_moderate) >= 30
     # faults come in the second half of the run, where onsets are late
     fault_steps = [c.fault_step for c in configs if c.fault != "none"]
-    assert min(fault_steps) >= 0.4 * steps and max(fault_steps) <= 0.85 * steps
-    # high-LR collapses are spread too: re-warming anywhere from 1/4 to 3/4 of the run
+    assert min(fault_steps) >= 0.35 * steps and max(fault_steps) <= 0.8 * steps
+    # high-LR collapses are spread too: re-warming anywhere from 1/4 to 2/3 of the run
     rewarms = [c.rewarm_step for c in configs if c.recipe == "high_lr"]
-    assert min(rewarms) < 0.4 * steps and max(rewarms) > 0.65 * steps
+    assert min(rewarms) < 0.3 * steps and max(rewarms) > 0.6 * steps
 
 
 def test_sampler_is_stable_per_index():

@@ -25,8 +25,8 @@ class RealRunConfig:
     # run
     recipe: str = "custom"  # which sampler recipe drew this config (sampler.RECIPES)
     seed: int = 0  # seeds the init, the batch order and the fault's random bytes
-    steps: int = 700  # optimizer steps; ~45 ms each with the probe on a busy 2-core machine:
-    # ~35 s a run, so 200 runs take ~1 h on 2 workers
+    steps: int = 600  # optimizer steps; ~50 ms each with the probe on a busy 2-core machine:
+    # ~30 s a run, so 200 runs take ~50 min on 2 workers
     # model (collapse_guard.datasets.real.model.GPTConfig)
     n_layer: int = 2
     n_head: int = 4
