@@ -36,6 +36,7 @@ from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.predictor.training_data import (
     DEFAULT_STRIDE,
+    MODEL_SIGNALS,
     RunRecord,
     build_training_data,
     load_runs,
@@ -71,12 +72,17 @@ def fleet_client(scheduler: str = "local"):
 
 
 def chunk_rows(
-    paths: Sequence[str], *, window: int, stride: int, horizon: int, names: Sequence[str]
+    paths: Sequence[str],
+    *,
+    window: int,
+    signals: Sequence[str],
+    stride: int,
+    horizon: int,
+    names: Sequence[str],
 ) -> pd.DataFrame:
     """Worker task: training rows of a chunk of run files, target as one more column."""
-    data = build_training_data(
-        load_runs(paths), FeatureExtractor(window=window), stride=stride, horizon=horizon
-    )
+    extractor = FeatureExtractor(window=window, signals=signals)
+    data = build_training_data(load_runs(paths), extractor, stride=stride, horizon=horizon)
     rows = data.X[list(names)].astype(np.float64)
     rows[_TARGET] = data.y.astype(np.int8)
     return rows
@@ -148,13 +154,20 @@ def fit_on_cluster(
     stride: int = DEFAULT_STRIDE,
     calibration: str = "platt",
     params: Mapping[str, Any] | None = None,
+    signals: Sequence[str] = MODEL_SIGNALS,
 ) -> tuple[RiskModel, Any]:
     """Drop-in for ``train.fit_risk_model`` that extracts features and fits on ``client``."""
     from lightgbm.dask import DaskLGBMClassifier
 
-    extractor = FeatureExtractor(window=window)
+    extractor = FeatureExtractor(window=window, signals=signals)
     names = list(extractor.schema.names)
-    task = {"window": window, "stride": stride, "horizon": horizon, "names": names}
+    task = {
+        "window": window,
+        "signals": list(extractor.signals),
+        "stride": stride,
+        "horizon": horizon,
+        "names": names,
+    }
     train = _rows_on_cluster(client, train_runs, **task)
     val = _rows_on_cluster(client, val_runs, **task)
     predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))

@@ -38,6 +38,7 @@ from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.predictor.training_data import (
     DEFAULT_FRACTIONS,
     DEFAULT_STRIDE,
+    MODEL_SIGNALS,
     RunRecord,
     build_training_data,
     data_fingerprint,
@@ -63,9 +64,10 @@ def fit_risk_model(
     stride: int = DEFAULT_STRIDE,
     calibration: str = "platt",
     params: Mapping[str, Any] | None = None,
+    signals: Sequence[str] = MODEL_SIGNALS,
 ) -> tuple[RiskModel, CollapsePredictor]:
     """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet."""
-    extractor = FeatureExtractor(window=window)
+    extractor = FeatureExtractor(window=window, signals=signals)
     train = build_training_data(train_runs, extractor, stride=stride, horizon=horizon)
     val = build_training_data(val_runs, extractor, stride=stride, horizon=horizon)
     predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))
@@ -119,6 +121,7 @@ def train_risk_model(
     calibration: str = "platt",
     eval_budget_per_10k: float = 1.0,
     params: Mapping[str, Any] | None = None,
+    signals: Sequence[str] = MODEL_SIGNALS,
     progress: Callable[[str], None] | None = None,
     fit: Callable[..., tuple[RiskModel, Any]] = fit_risk_model,
 ) -> tuple[RiskModel, EvalReport]:
@@ -134,6 +137,7 @@ def train_risk_model(
         calibration: "platt" or "isotonic".
         eval_budget_per_10k: false alarms per 10k healthy steps for "recall at budget".
         params: CollapsePredictor hyperparameters to override.
+        signals: the signals the model predicts from (its feature schema's signals).
         progress: called with a line of text after each stage (e.g. ``print``).
         fit: fits the model on train runs and calibrates on validation runs; same keywords
             as ``fit_risk_model`` (the Dask path passes ``predictor.fleet.fit_on_cluster``).
@@ -153,6 +157,7 @@ def train_risk_model(
         stride=stride,
         calibration=calibration,
         params=params,
+        signals=signals,
     )
     _log(progress, f"fitted {model.meta['n_trees']} trees ({time.perf_counter() - t0:.0f} s)")
     healthy_val = [r for r in by_split["validation"] if not r.collapsed]

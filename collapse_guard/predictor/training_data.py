@@ -27,10 +27,12 @@ import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON, collapse_targets
 from collapse_guard.datasets.runfile import RunMeta, read_run
+from collapse_guard.signals import SIGNALS
 
 __all__ = [
     "DEFAULT_FRACTIONS",
     "DEFAULT_STRIDE",
+    "MODEL_SIGNALS",
     "RunRecord",
     "RunSplit",
     "TrainingData",
@@ -42,6 +44,13 @@ __all__ = [
 
 DEFAULT_STRIDE = 10  # training rows every 10th step (module docstring)
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the runs
+
+# What a model predicts from: every signal but the machine's telemetry (free host memory,
+# GPU power and memory), which tells what else runs on the machine rather than how the
+# run trains; a model fed it learns the machines its training runs were made on
+# (measured: host_mem_available was among the 20 features with most gain). The probe
+# still records it, for forensics.
+MODEL_SIGNALS: tuple[str, ...] = tuple(s.name for s in SIGNALS if s.family != "system")
 
 
 @dataclass(frozen=True)

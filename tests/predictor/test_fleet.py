@@ -14,9 +14,12 @@ def test_chunk_rows_are_training_rows_with_their_target(tmp_path_factory):
     from collapse_guard.predictor.training_data import build_training_data, load_runs
 
     paths = [str(p) for p in synthetic_run_paths(tmp_path_factory.getbasetemp())[:3]]
-    names = list(FeatureExtractor(window=200).schema.names)
-    rows = fleet.chunk_rows(paths, window=200, stride=10, horizon=200, names=names)
-    local = build_training_data(load_runs(paths), FeatureExtractor(window=200), stride=10)
+    extractor = FeatureExtractor(window=200, signals=("loss", "grad_norm", "attn_kl"))
+    names = list(extractor.schema.names)
+    rows = fleet.chunk_rows(
+        paths, window=200, signals=extractor.signals, stride=10, horizon=200, names=names
+    )
+    local = build_training_data(load_runs(paths), extractor, stride=10)
     assert list(rows.columns[:-1]) == names
     np.testing.assert_array_equal(rows[names].to_numpy(), local.X[names].to_numpy())
     np.testing.assert_array_equal(rows.iloc[:, -1].to_numpy(), local.y)
