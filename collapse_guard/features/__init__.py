@@ -6,8 +6,8 @@
 >>> table = fx.transform_run(frame, stride=10)  # training rows, indexed by step
 >>> fx.schema.names, fx.schema.fingerprint      # stored with every model
 
-Imports numpy and pandas only (never torch), so the predictor and the service stay
-light. Feature names: :mod:`collapse_guard.features.schema`; window rule:
+Imports numpy, pandas and numba only (never torch), so the predictor and the service
+stay light. Feature names: :mod:`collapse_guard.features.schema`; window rule:
 :mod:`collapse_guard.features.windows`; the kernel: :mod:`collapse_guard.features.stats`.
 """
 

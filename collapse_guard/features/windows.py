@@ -26,7 +26,6 @@ __all__ = [
     "frame_arrays",
     "frame_tail",
     "grid_blocks",
-    "window_blocks",
 ]
 
 _SORT_HINT = "sort by step and keep one row per step, e.g. frame.sort_values('step')" + (
@@ -158,7 +157,12 @@ def dense_grid(steps: np.ndarray, values: np.ndarray, first: int, last: int) -> 
     """
     lo, hi = np.searchsorted(steps, [first, last + 1])
     grid = np.full((values.shape[0], last - first + 1), np.nan, dtype=np.float64)
-    grid[:, steps[lo:hi] - first] = values[:, lo:hi]
+    if hi > lo and steps[hi - 1] - steps[lo] == hi - lo - 1:
+        # one row per step (the usual log): a slice, ~3x cheaper than scattering columns
+        at = steps[lo] - first
+        grid[:, at : at + hi - lo] = values[:, lo:hi]
+    else:
+        grid[:, steps[lo:hi] - first] = values[:, lo:hi]
     return grid
 
 
@@ -181,19 +185,3 @@ def grid_blocks(
         else:
             grid = dense_grid(steps, values, first, last)
         yield slice(a, a + len(part)), grid, part - first
-
-
-def window_blocks(
-    steps: np.ndarray, values: np.ndarray, ends: np.ndarray, window: int, block: int
-) -> Iterator[tuple[slice, np.ndarray]]:
-    """Yield ``(slice of ends, windows (b, window, n_signals))`` for sorted ``ends``.
-
-    Only one block's span of the dense grid exists at a time, so memory stays
-    ``n_signals x (block span + window)`` however long the run is.
-    """
-    for a in range(0, len(ends), block):
-        part = ends[a : a + block]
-        first = int(part[0]) - window + 1
-        grid = dense_grid(steps, values, first, int(part[-1]))
-        view = np.lib.stride_tricks.sliding_window_view(grid, window, axis=1)
-        yield slice(a, a + len(part)), view[:, part - part[0]].transpose(1, 2, 0)
