@@ -1,7 +1,7 @@
 """Issue 4's target figures for a model on a folder of runs, per data source.
 
     python benchmarks/predictor_eval.py --runs DIR [--runs DIR ...] [--model SOURCE]
-                                        [--all-runs] [--markdown]
+                                        [--all-runs] [--markdown] [--budget FA]
 
 By default only the model's own test runs are scored (their ids are stored in the
 model's meta by ``train_risk_model``), so a model is never graded on runs it was
@@ -200,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="omitted: bundled; a URI or a folder")
     parser.add_argument("--all-runs", action="store_true", help="score every run given")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=1.0,
+        metavar="FA",
+        help="false alarms per 10k healthy steps for recall at budget (the target's: 1)",
+    )
     args = parser.parse_args(argv)
 
     import pandas as pd
@@ -236,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 "pass the folders it was trained on, or --all-runs with unseen runs"
             )
     baselines = default_baselines(train_runs or None, horizon=model.horizon)
-    report = evaluate_runs(runs, model, baselines, horizon=model.horizon)
+    report = evaluate_runs(
+        runs, model, baselines, budget_per_10k=args.budget, horizon=model.horizon
+    )
     rows = target_rows(report)
     sources = sorted({r.meta.source for r in runs})
     # each source calibrated on its own healthy runs: real and synthetic drift differently
