@@ -52,4 +52,7 @@ def test_demo_prints_finite_losses():
     assert [int(c[0]) for c in data] == [0, 5, 10, 15, 19]
     losses = [float(c[1]) for c in data]  # the loss column follows the step
     assert all(math.isfinite(x) for x in losses), losses
-    assert "20 steps in" in result.output
+    risks = [float(c[-2]) for c in data]  # the bundled model's risk, then its level
+    assert all(0.0 <= p <= 1.0 for p in risks), risks
+    assert {c[-1] for c in data} <= {"ok", "watch", "warn", "critical"}
+    assert "20 steps in" in result.output and "Label: no collapse" in result.output
