@@ -20,6 +20,12 @@ recipe          weight  what it draws
                         loss scaler
 ==============  ======  =============================================================
 
+Measured on the 300 runs of seed 0 (600 steps): 130 collapse, and 70 of them begin less
+than 10 steps after the intervention that triggers them (median 5 steps after a re-warm
+starts, 1 after an LR jump or optimizer reset): the log-uniform ramp is mostly a few steps
+long, a jump. Those collapses can be caught, not forecast; the fragile set-ups diverge a
+median 215 steps after their peak LR. Longer ramps would give forecastable collapses.
+
 Every recipe also draws the nuisance knobs (depth and width, batch size, weight
 decay, beta2, clipping, bf16, init scale, warmup, final LR) so that none of them gives the answer
 away. Run ``i`` of a sweep depends only on ``(seed, i)``: a sweep of 10 is the first
