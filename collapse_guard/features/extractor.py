@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.features.schema import FEATURE_VERSION, FeatureSchema, FeatureSchemaError
-from collapse_guard.features.stats import grid_features
+from collapse_guard.features.stats import grid_features, window_features
 from collapse_guard.features.windows import (
     check_steps,
     dense_grid,
@@ -122,15 +122,10 @@ class FeatureExtractor:
     def transform_windows(self, frames: Sequence[pd.DataFrame]) -> np.ndarray:
         """``(len(frames), n_features)``: the last window of each frame (e.g. many runs)."""
         grids = [self._last_grid(*frame_tail(f, self.signals, self.window)) for f in frames]
-        out = np.empty((len(grids), len(self.schema.names)), dtype=np.float64)
-        for a in range(0, len(grids), _BLOCK):
-            part = grids[a : a + _BLOCK]
-            # side by side on one grid: window i ends at column (i + 1) * window - 1
-            ends = np.arange(1, len(part) + 1) * self.window - 1
-            out[a : a + len(part)] = grid_features(
-                np.concatenate(part, axis=1), ends, self.signals, self.window
-            )
-        return out
+        if not grids:
+            return np.empty((0, len(self.schema.names)), dtype=np.float64)
+        # (frames, window, signals), as window_features lays windows side by side
+        return window_features(np.stack(grids).transpose(0, 2, 1), self.signals)
 
     def transform_run(
         self,

@@ -173,15 +173,9 @@ def grid_blocks(
     sorted ``ends``, ``block`` ends at a time.
 
     Only one block's span of the dense grid exists at a time, so memory stays
-    ``n_signals x (block span + window)`` however long the run is. Where the block's
-    rows are already one per step, the grid is a view of ``values`` (no copy).
+    ``n_signals x (block span + window)`` however long the run is.
     """
     for a in range(0, len(ends), block):
         part = ends[a : a + block]
         first, last = int(part[0]) - window + 1, int(part[-1])
-        lo, hi = np.searchsorted(steps, [first, last + 1])
-        if hi - lo == last - first + 1:  # every step has its row: nothing to fill
-            grid = values[:, lo:hi]
-        else:
-            grid = dense_grid(steps, values, first, last)
-        yield slice(a, a + len(part)), grid, part - first
+        yield slice(a, a + len(part)), dense_grid(steps, values, first, last), part - first
