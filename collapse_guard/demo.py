@@ -59,15 +59,12 @@ class _ScoredProbe:
         self.probe.after_backward(loss)
 
     def after_step(self) -> dict[str, float]:
-        import pandas as pd
-
         record = self.probe.after_step()
         self.records.append(record)
         step = len(self.records) - 1
         if step % self.every == 0 or step == self.steps - 1:
             first = max(0, step + 1 - self.model.schema.window)
-            window = pd.DataFrame(self.records[first:]).assign(step=range(first, step + 1))
-            p = self.risk[step] = self.model.predict_window(window)
+            p = self.risk[step] = self.model.predict_window(_frame(self.records, first))
             row = [_cell(record[key]) for key, _ in _COLUMNS]
             self.table.add_row(str(step), *row, f"{p:.2f}", self.model.level(p))
         return record
@@ -135,10 +132,11 @@ def demo(
     console.print(_summary(scored, label_run(_frame(scored.records)), model, steps_run, start))
 
 
-def _frame(records):
+def _frame(records: list[dict[str, float]], first: int = 0):
+    """The probe's records from step ``first`` on, as a run frame (``step`` + signals)."""
     import pandas as pd
 
-    return pd.DataFrame(records).assign(step=range(len(records)))
+    return pd.DataFrame(records[first:]).assign(step=range(first, len(records)))
 
 
 def _summary(scored: _ScoredProbe, label, model, steps_run: int, start: float) -> str:
