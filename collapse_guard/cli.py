@@ -3,7 +3,7 @@
 Each part owns its sub-commands in its own ``cli`` module; this file only mounts them,
 so that the parts stay independent and ``collapse-guard --help`` stays fast: no command
 module imports torch, mlflow, lightgbm or bentoml before its command runs
-(``tests/test_cli.py``).
+(``tests/test_command_line.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ app.command(name="train", help="Train a risk model on run files and track it in 
 )
 app.command(name="evaluate", help="Evaluate a risk model beside the baselines.")(evaluate_command)
 app.command(name="predict", help="Score one run and plot its risk.")(predict_command)
-app.command(name="demo", help="Train a small model with the probe and print its signals.")(demo)
+app.command(
+    name="demo", help="Train a small model with the probe; the bundled model scores it live."
+)(demo)
 
 
 if __name__ == "__main__":
