@@ -13,7 +13,10 @@ Steps (each its own function in this package, so fleet-scale training can swap o
 6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
 
 Deterministic: the same runs and seed give the same model string. No MLflow here
-(``predictor.registry`` logs what this returns).
+(``predictor.registry`` logs what this returns). The model's meta keeps the split
+(``split``) and the ids it trained and validated on (``train_run_ids``,
+``validation_run_ids``; ``predictor.seen_runs``), so that no later evaluation grades it
+on them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.seen_runs import stored_ids
 from collapse_guard.predictor.training_data import (
     DEFAULT_FRACTIONS,
     DEFAULT_STRIDE,
@@ -173,6 +177,9 @@ def train_risk_model(
             "data_fingerprint": data_fingerprint(r.meta for r in runs),
             "n_runs": {k: len(v) for k, v in by_split.items()},
             "split": split.to_dict(),
+            # what evaluate refuses to grade the model on (predictor.seen_runs)
+            "train_run_ids": stored_ids(split.train),
+            "validation_run_ids": stored_ids(split.validation),
             "lightgbm_version": lgb.__version__,
             "train_seconds": round(time.perf_counter() - t0, 1),
             "test_recall_at_budget": _finite_or_none(report.get("model")["recall"]),

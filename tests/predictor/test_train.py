@@ -52,3 +52,16 @@ def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
     assert model.meta["threshold_healthy_steps"] >= 2 * model.budgets["watch"]
     assert watch["fa_per_10k"] <= 5 * 1e4 / model.budgets["watch"]
     assert watch["caught"] > 0 and watch["median_lead"] >= 20
+
+
+def test_the_model_stores_the_runs_it_trained_and_validated_on(trained):
+    from collapse_guard.predictor.seen_runs import SeenRuns
+
+    model, _ = trained
+    split = model.meta["split"]
+    assert model.meta["train_run_ids"] == sorted(split["train"])
+    assert model.meta["validation_run_ids"] == sorted(split["validation"])
+    seen = SeenRuns.from_meta(model.meta)
+    assert {seen.role_of(i) for i in split["train"]} == {"train"}
+    assert {seen.role_of(i) for i in split["validation"]} == {"validation"}
+    assert {seen.role_of(i) for i in split["test"]} == {None}
