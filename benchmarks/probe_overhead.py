@@ -13,7 +13,9 @@ Reported: the median step time of each arm and their ratio (end to end; on a bus
 machine this carries the load's noise), the time spent inside the probe's two calls
 per step (its every-step cost, measured directly), the extra time of a step where the
 periodic families are due, and the overhead at default periods: every-step cost plus
-a due step's extra / 50, over the median step without the probe.
+a due step's extra / P, over the median step without the probe, for each attention
+period P in ``--attention-every`` (an upper bound: the due step includes the system read,
+which comes every 100 steps whatever P is).
 
 Usage::
 
@@ -29,7 +31,7 @@ import time
 import torch
 
 from collapse_guard.datasets.real.model import GPT, GPTConfig
-from collapse_guard.probe import Probe
+from collapse_guard.probe import Probe, ProbeConfig
 
 __all__ = ["main"]
 
@@ -72,6 +74,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--batch", type=int, default=16, help="sequences per batch")
     parser.add_argument("--device", default="cpu", help="cpu (the target) or cuda")
+    parser.add_argument(
+        "--attention-every",
+        default="10,25,50",
+        help="attention periods to report the amortised overhead for (comma-separated)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -117,7 +124,7 @@ def main() -> None:
     base = median["without"]
     every_step = statistics.median(in_probe)
     extra = statistics.median(periodic) - every_step  # attention + outputs + system
-    amortized = every_step + extra / 50  # the system read, every 100, is in extra too
+    periods = [int(p) for p in args.attention_every.split(",")]
     print(
         f"GPT 6x256, 8 heads, batch {args.batch}x128, AdamW, {args.device}, "
         f"{args.threads} thread(s), {args.steps} steps per arm in blocks of {args.block}"
@@ -127,7 +134,12 @@ def main() -> None:
     print(f"  end to end (median with / median without - 1): {median['with'] / base - 1:+.2%}")
     print(f"  probe calls, every step: {every_step * 1e3:.1f} ms = {every_step / base:.2%}")
     print(f"  probe calls, due step (probe pass + system): {extra * 1e3:.1f} ms more")
-    print(f"  overhead at default periods (every step + due/50): {amortized / base:.2%}")
+    default = ProbeConfig().attention_every
+    for period in periods:
+        # an upper bound: the system read (every 100 steps) is in ``extra`` too
+        amortized = every_step + extra / period
+        mark = " (default)" if period == default else ""
+        print(f"  overhead, attention every {period:>3} steps{mark}: {amortized / base:.2%}")
 
 
 if __name__ == "__main__":

@@ -98,15 +98,15 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("update_ratio", "update"),
     Signal("param_norm", "update"),
     # attention family: a fixed probe batch every `period` steps
-    Signal("attn_kl", "attention", period=50, low=0.2, high=1.5),  # DSI activation entropy change
-    Signal("attn_saturation", "attention", period=50, high=0.40),
-    Signal("attn_entropy_min", "attention", period=50),
-    Signal("attn_entropy_mean", "attention", period=50),
-    Signal("attn_logit_max", "attention", period=50),
+    Signal("attn_kl", "attention", period=10, low=0.2, high=1.5),  # DSI activation entropy change
+    Signal("attn_saturation", "attention", period=10, high=0.40),
+    Signal("attn_entropy_min", "attention", period=10),
+    Signal("attn_entropy_mean", "attention", period=10),
+    Signal("attn_logit_max", "attention", period=10),
     # output family, measured on the loss's logits or the probe batch
     Signal("output_logit_max", "output"),
-    Signal("output_entropy", "output", period=50),
-    Signal("output_repetition", "output", period=50),
+    Signal("output_entropy", "output", period=10),
+    Signal("output_repetition", "output", period=10),
     # AMP
     Signal("loss_scale", "amp"),
     Signal("overflow", "amp"),

@@ -24,7 +24,10 @@ class ProbeConfig:
     gradient_every: int = 1  # one pass over the gradients: cheap, and collapse can take one step
     update_every: int = 1  # two small gathers from the sketch: cheap
     output_every: int = 1  # loss, lr, output logit max, AMP scale: already on hand
-    attention_every: int = 50  # one forward of the probe batch (+ output entropy/repetition)
+    attention_every: int = 10  # one forward of the probe batch (+ output entropy/repetition);
+    # every 10 steps, not 50: entropy collapse can fall from 1.3 to 0.01 nats in 40 steps
+    # (the demo run), and the 6x256 benchmark model pays 2.3% of step time at 10 against
+    # 1.5% at 50 (benchmarks/probe_overhead.py, loaded 2-core machine, 2026-11-30)
     system_every: int = 100  # reads /proc and NVML: host calls, no need to be frequent
     sharpness_every: int = 0  # off: power iteration costs ~2 x sharpness_iters backward passes
 
