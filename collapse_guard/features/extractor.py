@@ -3,19 +3,30 @@
 All methods end in the same kernel (:func:`~collapse_guard.features.stats.grid_features`)
 fed by the same grid builder (:mod:`collapse_guard.features.windows`):
 
-- ``transform_window(frame)``: one window, "now" = the frame's last row (guard, service);
-- ``transform_array(values, steps)``: the same without pandas, for tight loops;
-- ``transform_windows(frames)``: the last window of many runs at once (a service request);
+- ``transform_window(frame, context)``: one window, "now" = the frame's last row (guard,
+  service);
+- ``transform_array(values, steps, context)``: the same without pandas, for tight loops;
+- ``transform_windows(frames, contexts)``: the last window of many runs at once (a
+  service request);
 - ``transform_run(frame, stride, steps)``: every stride-th step of a run (training).
+
+The run context (``schema.context``, the last features of the vector) comes from one
+accumulator (:mod:`collapse_guard.features.context`). ``transform_run`` feeds it the
+whole run and reads it at each window end. The one-window calls take it as given (a
+mapping such as ``RunContext.get()``: a missing field is NaN, an unknown one an
+error), or, with ``context=None``, compute it from the frame, taken as the whole run
+so far (a frame holding only the last window gives a context that knows only that).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from collapse_guard.features.context import context_vector, run_context
+from collapse_guard.features.context_fields import CONTEXT_SIGNALS
 from collapse_guard.features.schema import FEATURE_VERSION, FeatureSchema, FeatureSchemaError
 from collapse_guard.features.stats import grid_features, window_features
 from collapse_guard.features.windows import (
@@ -72,6 +83,12 @@ class FeatureExtractor:
         self.window = int(window)
         self.signals = signals
         self.schema = FeatureSchema.build(self.window, signals)
+        # the context's input rows that this extractor's signals supply (others NaN)
+        self._ctx_signals = tuple(s for s in CONTEXT_SIGNALS if s in signals)
+        self._ctx_rows = np.array([signals.index(s) for s in self._ctx_signals], dtype=np.int64)
+        self._ctx_slots = np.array(
+            [CONTEXT_SIGNALS.index(s) for s in self._ctx_signals], dtype=np.int64
+        )
 
     @classmethod
     def from_schema(cls, schema: FeatureSchema) -> FeatureExtractor:
@@ -92,18 +109,29 @@ class FeatureExtractor:
             f"features={len(self.schema.names)}, schema={self.schema.fingerprint})"
         )
 
-    def transform_window(self, frame: pd.DataFrame) -> np.ndarray:
-        """Feature vector ``(n_features,)`` of the window ending at the frame's last row."""
+    def transform_window(
+        self, frame: pd.DataFrame, context: Mapping[str, float] | None = None
+    ) -> np.ndarray:
+        """Feature vector ``(n_features,)`` of the window ending at the frame's last row.
+
+        ``context``: the run context at that row (``RunContext.get()``), or None to
+        compute it from ``frame`` as the whole run so far.
+        """
         steps, values = frame_tail(frame, self.signals, self.window)
-        return self._one(steps, values)
+        vec = self._one(steps, values)
+        return np.concatenate([vec, self._context(context, frame)])
 
     def transform_array(
-        self, values: np.ndarray, steps: np.ndarray | Sequence[int] | None = None
+        self,
+        values: np.ndarray,
+        steps: np.ndarray | Sequence[int] | None = None,
+        context: Mapping[str, float] | None = None,
     ) -> np.ndarray:
         """Like :meth:`transform_window` for ``values`` of shape ``(rows, n_signals)``.
 
         Columns are ``self.signals`` in order; ``steps`` (strictly increasing) defaults
-        to consecutive steps, the last row being "now".
+        to consecutive steps, the last row being "now". ``context=None``: computed from
+        ``values`` as the whole run so far.
         """
         values = np.asarray(values, dtype=np.float64)
         if values.ndim != 2 or values.shape[1] != len(self.signals):
@@ -117,15 +145,36 @@ class FeatureExtractor:
                 f"steps must have one entry per row of values; got {len(steps)} steps for "
                 f"{len(values)} rows"
             )
-        return self._one(steps, values.T)
+        if context is None:
+            ctx = self._run_context(steps, values.T[self._ctx_rows], steps[-1:])[0]
+        else:
+            ctx = context_vector(context, self.schema.context)
+        return np.concatenate([self._one(steps, values.T), ctx])
 
-    def transform_windows(self, frames: Sequence[pd.DataFrame]) -> np.ndarray:
-        """``(len(frames), n_features)``: the last window of each frame (e.g. many runs)."""
+    def transform_windows(
+        self,
+        frames: Sequence[pd.DataFrame],
+        contexts: Sequence[Mapping[str, float] | None] | None = None,
+    ) -> np.ndarray:
+        """``(len(frames), n_features)``: the last window of each frame (e.g. many runs).
+
+        ``contexts``: one per frame (a mapping, or None to compute it from that frame),
+        or None for every frame.
+        """
+        if contexts is None:
+            contexts = [None] * len(frames)
+        if len(contexts) != len(frames):
+            raise ValueError(
+                f"contexts must have one entry per frame (None to compute it from the "
+                f"frame); got {len(contexts)} contexts for {len(frames)} frames"
+            )
         grids = [self._last_grid(*frame_tail(f, self.signals, self.window)) for f in frames]
         if not grids:
             return np.empty((0, len(self.schema.names)), dtype=np.float64)
         # (frames, window, signals), as window_features lays windows side by side
-        return window_features(np.stack(grids).transpose(0, 2, 1), self.signals)
+        vecs = window_features(np.stack(grids).transpose(0, 2, 1), self.signals)
+        ctx = np.stack([self._context(c, f) for c, f in zip(contexts, frames, strict=True)])
+        return np.concatenate([vecs, ctx.reshape(len(frames), -1)], axis=1)
 
     def transform_run(
         self,
@@ -136,8 +185,9 @@ class FeatureExtractor:
         """Features of the windows ending at every ``stride``-th step of a run.
 
         Window ends are the steps ``first, first + stride, ...`` of the run's step range
-        (gaps included), or exactly ``steps`` (each within the run's range). Returns a
-        float64 frame indexed by ``step`` with columns ``schema.names``.
+        (gaps included), or exactly ``steps`` (each within the run's range). The run
+        context at each end is computed from the rows up to it. Returns a float64 frame
+        indexed by ``step`` with columns ``schema.names``.
         """
         run_steps, values = frame_arrays(frame, self.signals)
         if not len(run_steps):
@@ -145,11 +195,28 @@ class FeatureExtractor:
         ends = self._ends(run_steps, stride, steps)
         order = np.argsort(ends, kind="stable")
         out = np.empty((len(ends), len(self.schema.names)), dtype=np.float64)
+        n_window = len(self.schema.names) - len(self.schema.context)
         blocks = grid_blocks(run_steps, values, ends[order], self.window, _BLOCK)
         for part, grid, grid_ends in blocks:
-            out[order[part]] = grid_features(grid, grid_ends, self.signals, self.window)
+            out[order[part], :n_window] = grid_features(grid, grid_ends, self.signals, self.window)
+        ctx = self._run_context(run_steps, values[self._ctx_rows], ends[order])
+        out[order, n_window:] = ctx
         index = pd.Index(ends, name="step")
         return pd.DataFrame(out, index=index, columns=list(self.schema.names))
+
+    def _context(self, context: Mapping[str, float] | None, frame: pd.DataFrame) -> np.ndarray:
+        """The context vector: as given, or computed from the whole frame."""
+        if context is not None:
+            return context_vector(context, self.schema.context)
+        steps, values = frame_tail(frame, self._ctx_signals, len(frame))
+        return self._run_context(steps, values, steps[-1:])[0]
+
+    def _run_context(self, steps: np.ndarray, present: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The context at sorted ``ends`` from the rows of this extractor's context
+        signals (``present``: one row per ``_ctx_signals``)."""
+        values = np.full((len(CONTEXT_SIGNALS), len(steps)), np.nan)
+        values[self._ctx_slots] = present
+        return run_context(self.signals, steps, values, ends)
 
     def _one(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         grid = self._last_grid(steps, values)

@@ -47,7 +47,7 @@ from functools import lru_cache
 import numba
 import numpy as np
 
-from collapse_guard.features.schema import SIGNAL_STATS, feature_names, has_dsi
+from collapse_guard.features.schema import ALL_STATS, has_dsi, window_feature_names
 from collapse_guard.signals import DSI_SIGNALS, signal
 
 __all__ = [
@@ -88,8 +88,8 @@ class _Plan:
     bounds: np.ndarray
     # (n_signals,): row of the signal's companion flag (COMPANION_FLAGS), -1 where none
     companion: np.ndarray
-    # (n_signals, len(SIGNAL_STATS)): output column of each statistic, -1 where absent
-    # (frac_over of a signal without a threshold)
+    # (n_signals, len(ALL_STATS)): output column of each statistic, -1 where the
+    # signal's reading does not have it (schema.READING_STATS) or it has no threshold
     columns: np.ndarray
     # rows of grad_cv, attn_kl, update_cos, then the columns of dsi__count and
     # dsi__all_steps; empty when the signals lack one of the three
@@ -103,7 +103,7 @@ def _ewma_weights(window: int, span: int) -> np.ndarray:
 
 @lru_cache(maxsize=32)
 def _plan(signals: tuple[str, ...], window: int) -> _Plan:
-    names = feature_names(signals)
+    names = window_feature_names(signals)
     where = {name: i for i, name in enumerate(names)}
     dsi: list[int] = []
     if has_dsi(signals):
@@ -127,9 +127,9 @@ def _plan(signals: tuple[str, ...], window: int) -> _Plan:
         ),
         companion=np.array([flags.get(s, -1) for s in signals], dtype=np.int64),
         columns=np.array(
-            [[where.get(f"{s}__{stat}", -1) for stat in SIGNAL_STATS] for s in signals],
+            [[where.get(f"{s}__{stat}", -1) for stat in ALL_STATS] for s in signals],
             dtype=np.int64,
-        ).reshape(len(signals), len(SIGNAL_STATS)),  # 2-D even without signals
+        ).reshape(len(signals), len(ALL_STATS)),  # 2-D even without signals
         dsi=np.array(dsi, dtype=np.int64),
     )
 
@@ -144,7 +144,8 @@ def window_features(windows: np.ndarray, signals: Sequence[str]) -> np.ndarray:
         signals: the signal name of each of the ``n_signals`` columns.
 
     Returns:
-        ``(n_windows, n_features)`` float64, columns in ``feature_names(signals)`` order.
+        ``(n_windows, n_features)`` float64, columns in ``window_feature_names(signals)``
+        order (the window's features; the run context is not a window's).
     """
     windows = np.asarray(windows, dtype=np.float64)
     signals = tuple(signals)
@@ -174,7 +175,8 @@ def grid_features(
         window: steps per window (>= 2).
 
     Returns:
-        ``(len(ends), n_features)`` float64, columns in ``feature_names(signals)`` order.
+        ``(len(ends), n_features)`` float64, columns in ``window_feature_names(signals)``
+        order.
     """
     plan = _plan(tuple(signals), int(window))
     # Always C-contiguous float64 and int64, as the plan's arrays: numba compiles one
@@ -234,10 +236,36 @@ def _kernel(grid, ends, weights, bounds, companion, columns, dsi, n_features):
     return out
 
 
+# The order _signal_stats returns its statistics in: every reading's, as the schema
+# lists them (schema.ALL_STATS); the plan's columns pick a signal's reading's ones.
+_RETURNED = (
+    "last",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "slope",
+    "ewma_ratio",
+    "zscore",
+    "frac_over",
+    "nonfinite",
+    "last_rel",
+    "std_rel",
+    "min_rel",
+    "max_rel",
+    "slope_rel",
+    "last_dev",
+    "min_dev",
+    "max_dev",
+    "ewma_dev",
+)
+if _RETURNED != ALL_STATS:
+    raise ImportError("features.stats._signal_stats and schema.ALL_STATS disagree on order")
+
+
 @numba.njit(**_JIT)
 def _signal_stats(x, flag, weights, low, high):
-    """The statistics of one signal's window ``x`` in ``SIGNAL_STATS`` order: last,
-    mean, std, min, max, slope, ewma_ratio, zscore, frac_over, nonfinite."""
+    """The statistics of one signal's window ``x`` in ``_RETURNED`` order."""
     # "now" is the last finite value; sums are of y = value - last
     j = len(x) - 1
     while j >= 0 and not math.isfinite(x[j]):
@@ -272,7 +300,11 @@ def _signal_stats(x, flag, weights, low, high):
             n_bad += 1
     nan = math.nan
     if count == 0:  # every statistic of values is NaN; a count of 0 would read "measured"
-        return (nan, nan, nan, nan, nan, nan, nan, nan, nan, float(n_bad) if n_bad else nan)
+        bad = float(n_bad) if n_bad else nan
+        return (
+            *(nan, nan, nan, nan, nan, nan, nan, nan, nan, bad),
+            *(nan, nan, nan, nan, nan, nan, nan, nan, nan),
+        )
     n = float(count)
     m1 = s_y / n
     mean = shift + m1
@@ -283,11 +315,39 @@ def _signal_stats(x, flag, weights, low, high):
         # least squares over the finite points: sum (t - tm)(y - ym) / sum (t - tm)^2
         t_mean = s_t / n
         slope = (s_ty - t_mean * m1 * n) / (s_tt - s_t * t_mean)
-    short = shift + s_wsy / s_ws
-    long = shift + s_wly / s_wl
+    short_y, long_y = s_wsy / s_ws, s_wly / s_wl
+    short, long = shift + short_y, shift + long_y
     ratio = short / long if long != 0.0 else nan
     zscore = -m1 / std if std > _STD_REL_FLOOR * abs(mean) else nan
-    return (shift, mean, std, lo, hi, slope, ratio, zscore, n_over / n, float(n_bad))
+    # the ratio reading: each level over the window's mean (scale-free); the shift
+    # reading: each level minus it, from the shifted sums (no cancellation of levels)
+    return (
+        shift,
+        mean,
+        std,
+        lo,
+        hi,
+        slope,
+        ratio,
+        zscore,
+        n_over / n,
+        float(n_bad),
+        _over(shift, mean),
+        _over(std, mean),
+        _over(lo, mean),
+        _over(hi, mean),
+        _over(slope, mean),
+        -m1,
+        (lo - shift) - m1,
+        (hi - shift) - m1,
+        short_y - long_y,
+    )
+
+
+@numba.njit(**_JIT)
+def _over(a, b):
+    """``a / b``, NaN when ``b`` is 0 (a ratio to a zero mean is undefined, not inf)."""
+    return a / b if b != 0.0 else math.nan
 
 
 @numba.njit(**_JIT)

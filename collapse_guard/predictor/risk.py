@@ -149,24 +149,41 @@ class RiskModel:
         p = self.predict_features(feats)
         return pd.Series(p, index=feats.index, name="p_collapse")
 
-    def predict_window(self, frame: pd.DataFrame) -> float:
-        """P(collapse) for the window ending at the last row of ``frame``."""
-        vec = self.extractor.transform_window(frame)
+    def predict_window(
+        self, frame: pd.DataFrame, context: Mapping[str, float] | None = None
+    ) -> float:
+        """P(collapse) for the window ending at the last row of ``frame``.
+
+        ``context``: the run context at that row, keyed by ``schema.context``
+        (``RunContext.from_schema(model.schema).get()``; a missing field is unknown,
+        an unknown one an error). None computes it from ``frame`` as the whole run so
+        far: pass the whole run, or a context, when the frame holds only its last window.
+        """
+        vec = self.extractor.transform_window(frame, context)
         return float(self.predict_features(vec[np.newaxis, :])[0])
 
-    def predict_windows(self, frames: Sequence[pd.DataFrame]) -> np.ndarray:
-        """P(collapse) for many windows (one per frame, each ending at its last row)."""
+    def predict_windows(
+        self,
+        frames: Sequence[pd.DataFrame],
+        contexts: Sequence[Mapping[str, float] | None] | None = None,
+    ) -> np.ndarray:
+        """P(collapse) for many windows (one per frame, each ending at its last row),
+        with one context per frame (or None: each computed from its frame)."""
         if len(frames) == 0:
             return np.empty(0)
-        return self.predict_features(self.extractor.transform_windows(list(frames)))
+        feats = self.extractor.transform_windows(list(frames), contexts)
+        return self.predict_features(feats)
 
-    def explain(self, frame: pd.DataFrame, k: int = 5) -> list[tuple[str, float]]:
+    def explain(
+        self, frame: pd.DataFrame, k: int = 5, context: Mapping[str, float] | None = None
+    ) -> list[tuple[str, float]]:
         """Top-``k`` features by |contribution| to the log-odds of the last window.
 
         Contributions are LightGBM's SHAP values (``pred_contrib``) on the raw
         log-odds scale, before calibration; positive pushes toward collapse.
+        ``context`` as in :meth:`predict_window`.
         """
-        vec = self.extractor.transform_window(frame)[np.newaxis, :]
+        vec = self.extractor.transform_window(frame, context)[np.newaxis, :]
         contrib = self.booster.predict(vec, pred_contrib=True, num_threads=1)[0][:-1]
         order = np.argsort(-np.abs(contrib), kind="stable")[:k]
         return [(self.schema.names[i], float(contrib[i])) for i in order]
@@ -228,6 +245,8 @@ class RiskModel:
                 f"reads version {FORMAT_VERSION}; retrain the model with this version "
                 "(collapse-guard train) or use the collapse-guard release that saved it"
             )
+        # the version first: an older schema dict lacks keys this code's has (context)
+        _check_version(spec["schema"].get("version"), folder)
         schema = FeatureSchema.from_dict(spec["schema"])
         _check_schema(schema, folder)
         booster = lgb.Booster(model_str=booster_path.read_text(encoding="utf-8"))
@@ -251,16 +270,20 @@ class RiskModel:
         )
 
 
-def _check_schema(schema: FeatureSchema, folder: Path) -> None:
-    if schema.version != FEATURE_VERSION:
+def _check_version(version: Any, folder: Path) -> None:
+    if version != FEATURE_VERSION:
         raise ModelFormatError(
-            f"{folder}: the model was trained on feature version {schema.version!r}, this "
+            f"{folder}: the model was trained on feature version {version!r}, this "
             f"code computes version {FEATURE_VERSION!r}; its probabilities would be wrong. "
             "Fix: retrain it (make default-model for the bundled one) or install the "
             "collapse-guard release that trained it"
         )
+
+
+def _check_schema(schema: FeatureSchema, folder: Path) -> None:
+    _check_version(schema.version, folder)
     current = FeatureSchema.build(schema.window, schema.signals)
-    if current.names != schema.names:
+    if current.names != schema.names or current.context != schema.context:
         missing = [n for n in schema.names if n not in set(current.names)]
         extra = [n for n in current.names if n not in set(schema.names)]
         raise ModelFormatError(

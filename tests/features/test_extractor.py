@@ -34,8 +34,12 @@ def test_streaming_equals_batch_on_a_real_log():
     fx = FeatureExtractor(signals=("loss", "loss_nonfinite", "lr", "grad_norm"))
     batch = fx.transform_run(frame, steps=frame["step"].to_numpy())
     assert np.array_equal(batch.to_numpy(), streaming(fx, frame), equal_nan=True)
-    assert batch["loss__last"].to_numpy() == pytest.approx(frame["loss"].to_numpy())
-    assert batch["lr__mean"].isna().all()  # not in the log: missing, not 0
+    # the window's mean of the loss is 0.5 * (first + second) at the second row
+    loss = frame["loss"].to_numpy()
+    assert batch["loss__last_dev"].iloc[1] == pytest.approx((loss[1] - loss[0]) / 2)
+    assert (batch["ctx__loss_over_best"] >= 1.0).all()  # smoothed / its lowest so far
+    assert batch["lr__last_rel"].isna().all()  # not in the log: missing, not 0
+    assert batch["ctx__lr_over_peak"].isna().all()
 
 
 def test_every_path_agrees_to_the_bit(monkeypatch):
@@ -65,7 +69,10 @@ def test_short_window_at_run_start_is_padded():
     frame = pd.DataFrame({"step": [10, 11, 12], "loss": [3.0, 2.0, 1.0]})
     fx = FeatureExtractor(signals=("loss",))
     vec = dict(zip(fx.schema.names, fx.transform_window(frame), strict=True))
-    assert vec["loss__mean"] == 2.0 and vec["loss__slope"] == -1.0
+    # mean 2: last 1 is 1 below it, the max 3 one above
+    assert vec["loss__last_dev"] == -1.0 and vec["loss__max_dev"] == 1.0
+    assert vec["loss__slope"] == -1.0
+    assert vec["ctx__steps"] == 2.0  # steps since the run's first row
     batch = fx.transform_run(frame)
     assert batch.index.tolist() == [10, 11, 12]
     assert np.array_equal(batch.to_numpy()[-1], fx.transform_window(frame), equal_nan=True)
@@ -76,8 +83,10 @@ def test_window_spans_steps_not_rows():
     frame = pd.DataFrame({"step": np.arange(0, 1000, 100), "loss": np.arange(10.0)})
     fx = FeatureExtractor(signals=("loss",))
     vec = dict(zip(fx.schema.names, fx.transform_window(frame), strict=True))
-    assert vec["loss__mean"] == 8.5 and vec["loss__min"] == 8.0
+    # the window holds losses 8 and 9 (mean 8.5); the context knows the whole run
+    assert vec["loss__last_dev"] == 0.5 and vec["loss__min_dev"] == -0.5
     assert vec["loss__slope"] == pytest.approx(0.01)  # per step
+    assert vec["ctx__steps"] == 900.0
 
 
 def test_unknown_columns_are_ignored():
@@ -141,11 +150,17 @@ def test_property_streaming_equals_batch(rows):
     fx = FeatureExtractor(window=8, signals=signals)
     batch = fx.transform_run(frame, steps=steps)
     assert np.array_equal(batch.to_numpy(), streaming(fx, frame), equal_nan=True)
-    mins, maxs = batch.filter(like="__min").to_numpy(), batch.filter(like="__max").to_numpy()
-    means = batch.filter(like="__mean").to_numpy()
+    mins, maxs = batch.filter(regex="__min$").to_numpy(), batch.filter(regex="__max$").to_numpy()
+    means = batch.filter(regex="__mean$").to_numpy()
     seen = ~np.isnan(means)
     assert (mins[seen] <= maxs[seen]).all()
     assert (
         np.abs(means[seen] - np.clip(means[seen], mins[seen], maxs[seen]))
         <= 1e-6 * (1 + np.abs(means[seen]))
     ).all()
+    # the loss is read relative to its window mean: min <= 0 <= max, last in between
+    low, high, last = (batch[f"loss__{s}_dev"].to_numpy() for s in ("min", "max", "last"))
+    seen = ~np.isnan(last)
+    tol = 1e-6 * (1 + np.abs(high[seen] - low[seen]))
+    assert (low[seen] <= tol).all() and (high[seen] >= -tol).all()
+    assert ((low[seen] - tol <= last[seen]) & (last[seen] <= high[seen] + tol)).all()

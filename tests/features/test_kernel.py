@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import collapse_guard.features.extractor as extractor_module
-from collapse_guard.features import FeatureExtractor, window_features
+from collapse_guard.features import FeatureExtractor, window_feature_names, window_features
 from collapse_guard.features.stats import COMPANION_FLAGS, grid_features
 from collapse_guard.signals import DSI_SIGNALS, signal
 
@@ -38,9 +38,10 @@ def mixed_run(steps: int = 260, seed: int = 0) -> pd.DataFrame:
 
 
 def reference(frame: pd.DataFrame, signals: tuple[str, ...]) -> dict[str, float]:
-    """Every feature of the window ``frame`` (one row per step, last row "now"),
+    """Every window feature of the window ``frame`` (one row per step, last row "now"),
     computed the plain way, as the schema's table words it."""
     out: dict[str, float] = {}
+    kept = set(window_feature_names(signals))  # the statistics of each signal's reading
     t = np.arange(len(frame), dtype=float)
     for s in signals:
         x = frame[s].to_numpy(dtype=float)
@@ -50,28 +51,44 @@ def reference(frame: pd.DataFrame, signals: tuple[str, ...]) -> dict[str, float]
         if s in COMPANION_FLAGS and COMPANION_FLAGS[s] in signals:
             bad |= np.isnan(x) & (frame[COMPANION_FLAGS[s]].to_numpy() > 0)
         nonfinite = float(bad.sum()) if ok.any() or bad.any() else math.nan
-        stats = dict.fromkeys(("last", "mean", "std", "min", "max", "slope"), math.nan)
-        stats.update(ewma_ratio=math.nan, zscore=math.nan, frac_over=math.nan)
+        stats = {"nonfinite": nonfinite}
         if ok.any():
             # pandas' EWMA with gaps: weights by distance from now, renormalised
             ewm = pd.Series(np.where(ok, x, np.nan)).ewm
-            long = ewm(span=100).mean().iloc[-1]
-            std = v.std()
+            short, long = ewm(span=10).mean().iloc[-1], ewm(span=100).mean().iloc[-1]
+            mean, std = v.mean(), v.std()
+            slope = np.polyfit(tv, v, 1)[0] if len(v) > 1 else math.nan
             stats.update(
                 last=v[-1],
-                mean=v.mean(),
+                mean=mean,
                 std=std,
                 min=v.min(),
                 max=v.max(),
-                slope=np.polyfit(tv, v, 1)[0] if len(v) > 1 else math.nan,
-                ewma_ratio=ewm(span=10).mean().iloc[-1] / long if long != 0 else math.nan,
-                zscore=(v[-1] - v.mean()) / std if std > 1e-12 * abs(v.mean()) else math.nan,
+                slope=slope,
+                ewma_ratio=short / long if long != 0 else math.nan,
+                zscore=(v[-1] - mean) / std if std > 1e-12 * abs(mean) else math.nan,
                 frac_over=np.mean([signal(s).over_threshold(u) for u in v]),
+                # ratio reading: over the mean; shift reading: minus the mean
+                **{
+                    f"{k}_rel": val / mean if mean != 0 else math.nan
+                    for k, val in (
+                        ("last", v[-1]),
+                        ("std", std),
+                        ("min", v.min()),
+                        ("max", v.max()),
+                        ("slope", slope),
+                    )
+                },
+                **{
+                    f"{k}_dev": val - mean
+                    for k, val in (("last", v[-1]), ("min", v.min()), ("max", v.max()))
+                },
+                ewma_dev=short - long,
             )
-        stats["nonfinite"] = nonfinite
-        if not signal(s).has_threshold:
-            del stats["frac_over"]
-        out.update({f"{s}__{k}": val for k, val in stats.items()})
+        # a statistic of no value (all NaN window) is NaN
+        out.update(
+            {n: stats.get(n.split("__")[1], math.nan) for n in kept if n.startswith(f"{s}__")}
+        )
     if all(s in signals for s in DSI_SIGNALS):
         # over (1) or not (0) at each step, carried forward from the last measurement in
         # the window (pandas ffill); unknown (NaN) before the first one: "not over"
@@ -131,7 +148,7 @@ def test_every_statistic_matches_the_reference(share, seed):
     fx = FeatureExtractor(window=60, signals=tuple(frame.columns))
     got = dict(zip(fx.schema.names, fx.transform_array(frame.to_numpy()), strict=True))
     expected = reference(frame, fx.signals)
-    assert set(got) == set(expected)
+    assert set(got) == set(expected) | set(fx.schema.context)
     for name, value in expected.items():
         assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), name
 
@@ -160,7 +177,7 @@ def test_blocks_equal_streaming_to_the_bit(monkeypatch, block):
     assert np.array_equal(batch, streaming(fx, frame), equal_nan=True)
     kl = dict(zip(fx.schema.names, batch[50], strict=True))
     assert np.isnan(kl["attn_kl__mean"]) and kl["update_cos__nonfinite"] == 0.0
-    assert np.isnan(batch[:, list(fx.schema.names).index("host_mem_available__mean")]).all()
+    assert np.isnan(batch[:, list(fx.schema.names).index("host_mem_available__last_rel")]).all()
 
 
 def test_a_window_does_not_depend_on_the_rest_of_the_call():
@@ -196,11 +213,17 @@ def test_frame_fast_path_matches_the_general_one():
     # nullable extension dtypes and a string column take the general path
     ext = frame.astype({"loss": "Float64"}).assign(event="")
     assert np.array_equal(fx.transform_window(ext), expected, equal_nan=True)
-    # only the rows a window can hold are read: the tail alone gives the same vector
-    assert np.array_equal(fx.transform_window(frame.iloc[-30:]), expected, equal_nan=True)
+    # only the rows a window can hold are read for the window: the tail alone gives the
+    # same window features (its context is the tail's: given, it is the whole run's)
+    tail = fx.transform_window(frame.iloc[-30:])
+    n = len(fx.schema.names) - len(fx.schema.context)
+    assert np.array_equal(tail[:n], expected[:n], equal_nan=True)
+    context = dict(zip(fx.schema.context, expected[n:], strict=True))
+    given = fx.transform_window(frame.iloc[-30:], context=context)
+    assert np.array_equal(given, expected, equal_nan=True)
     renamed = frame.rename(columns={"lr": "not_a_signal"})  # other columns, same frame size
     got = dict(zip(fx.schema.names, fx.transform_window(renamed), strict=True))
-    assert np.isnan(got["lr__mean"]) and not np.isnan(got["loss__mean"])
+    assert np.isnan(got["lr__last_rel"]) and not np.isnan(got["loss__std"])
 
 
 def test_frame_fast_path_reports_rows_of_the_whole_frame():

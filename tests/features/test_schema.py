@@ -10,25 +10,45 @@ from collapse_guard.features import (
     FeatureSchema,
     FeatureSchemaError,
     feature_names,
+    window_feature_names,
 )
-from collapse_guard.signals import SIGNAL_NAMES, SIGNALS
+from collapse_guard.signals import SIGNAL_NAMES
 
 
 def test_names_follow_the_pattern_and_order():
-    names = feature_names(("loss", "lr", "grad_cv", "attn_kl", "update_cos"))
+    names = feature_names(("grad_cv", "loss", "lr", "attn_kl", "update_cos"))
     stats = ("last", "mean", "std", "min", "max", "slope", "ewma_ratio", "zscore")
-    assert names[:10] == tuple(f"loss__{s}" for s in (*stats, "frac_over", "nonfinite"))
-    assert "lr__frac_over" not in names  # lr has no seed threshold
-    assert names[-2:] == ("dsi__count", "dsi__all_steps")
+    assert names[:10] == tuple(f"grad_cv__{s}" for s in (*stats, "frac_over", "nonfinite"))
+    # the loss is read relative to its window mean (shift), the LR relative to its scale
+    shift = ("last_dev", "std", "min_dev", "max_dev", "slope", "ewma_dev", "zscore", "nonfinite")
+    assert names[10:18] == tuple(f"loss__{s}" for s in shift)
+    ratio = ("last_rel", "std_rel", "min_rel", "max_rel", "slope_rel", "ewma_ratio", "zscore")
+    assert names[18:26] == tuple(f"lr__{s}" for s in (*ratio, "nonfinite"))
+    assert "loss__frac_over" not in names  # > 10 nats: a raw level (log vocabulary)
+    window = window_feature_names(("grad_cv", "loss", "lr", "attn_kl", "update_cos"))
+    assert window[-2:] == ("dsi__count", "dsi__all_steps")
+    assert names == window + names[len(window) :] and names[len(window)] == "ctx__steps"
     assert "dsi__count" not in feature_names(("loss", "grad_cv"))
+    # only the context fields whose signals are there: steps, then the loss's three
+    assert feature_names(("loss",))[8:] == (
+        "ctx__steps",
+        "ctx__loss_over_best",
+        "ctx__loss_steps_since_best",
+        "ctx__loss_over_early",
+    )
 
 
 def test_default_schema_size():
-    n_thr = sum(s.has_threshold for s in SIGNALS)
     schema = FeatureExtractor().schema
     assert schema.window == 200 and schema.signals == SIGNAL_NAMES
-    assert len(schema.names) == 9 * len(SIGNALS) + n_thr + 2
+    # by hand from signals.py and features.readings: 13 signals read as levels (9
+    # statistics, + frac_over for the 5 with a seed threshold: grad_cv, update_cos,
+    # update_flips, attn_kl, attn_saturation), 12 read as ratios (8 statistics), the
+    # loss as a shift (8), 2 DSI features, 12 context fields
+    assert len(SIGNAL_NAMES) == 13 + 12 + 1
+    assert len(schema.names) == 13 * 9 + 5 + 12 * 8 + 8 + 2 + 12 == 240
     assert len(set(schema.names)) == len(schema.names)
+    assert schema.context == schema.names[-12:]
 
 
 def test_round_trip_through_json_and_fingerprint():
@@ -36,7 +56,16 @@ def test_round_trip_through_json_and_fingerprint():
     back = FeatureSchema.from_dict(json.loads(json.dumps(schema.to_dict())))
     assert back == schema
     assert back.fingerprint == schema.fingerprint and len(schema.fingerprint) == 16
-    assert schema.version == FEATURE_VERSION
+    assert schema.version == FEATURE_VERSION == "3"
+    assert back.context == (
+        "ctx__steps",
+        "ctx__loss_over_best",
+        "ctx__loss_steps_since_best",
+        "ctx__loss_over_early",
+        "ctx__grad_norm_over_long",
+    )
+    shorter = FeatureSchema.from_dict({**schema.to_dict(), "context": list(schema.context[:-1])})
+    assert shorter.fingerprint != schema.fingerprint  # the context is in the fingerprint
     other = FeatureExtractor(window=65, signals=("loss", "grad_norm")).schema
     assert other.fingerprint != schema.fingerprint
 
@@ -57,7 +86,7 @@ def test_validate_lists_missing_and_unexpected():
         schema.validate(got)
     message = str(err.value)
     assert "unexpected: loss__median" in message
-    assert "missing: loss__last" in message
+    assert "missing: loss__last_dev" in message
     assert schema.fingerprint in message
     with pytest.raises(FeatureSchemaError, match="another order"):
         schema.validate(list(reversed(schema.names)))

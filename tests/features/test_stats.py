@@ -23,23 +23,43 @@ def features(columns: dict[str, list[float]], window: int | None = None) -> dict
 
 
 def test_linear_ramp():
-    f = features({"loss": [2.0 + 0.5 * t for t in range(10)]})
-    assert f["loss__last"] == 6.5
-    assert f["loss__mean"] == 4.25
-    assert f["loss__min"] == 2.0 and f["loss__max"] == 6.5
-    assert f["loss__slope"] == 0.5
-    assert f["loss__std"] == pytest.approx(0.5 * np.std(np.arange(10)), rel=1e-14)
-    assert f["loss__zscore"] == pytest.approx(2.25 / f["loss__std"], rel=1e-14)
-    assert f["loss__nonfinite"] == 0.0
+    f = features({"attn_entropy_mean": [2.0 + 0.5 * t for t in range(10)]})
+    assert f["attn_entropy_mean__last"] == 6.5
+    assert f["attn_entropy_mean__mean"] == 4.25
+    assert f["attn_entropy_mean__min"] == 2.0 and f["attn_entropy_mean__max"] == 6.5
+    assert f["attn_entropy_mean__slope"] == 0.5
+    std = f["attn_entropy_mean__std"]
+    assert std == pytest.approx(0.5 * np.std(np.arange(10)), rel=1e-14)
+    assert f["attn_entropy_mean__zscore"] == pytest.approx(2.25 / std, rel=1e-14)
+    assert f["attn_entropy_mean__nonfinite"] == 0.0
+
+
+def test_linear_ramp_read_as_ratio_and_as_shift():
+    ramp = [2.0 + 0.5 * t for t in range(10)]  # mean 4.25, last 6.5, slope 0.5
+    f = features({"grad_norm": ramp, "loss": ramp})
+    assert f["grad_norm__last_rel"] == 6.5 / 4.25
+    assert f["grad_norm__min_rel"] == 2.0 / 4.25 and f["grad_norm__max_rel"] == 6.5 / 4.25
+    assert f["grad_norm__slope_rel"] == 0.5 / 4.25
+    std = 0.5 * np.std(np.arange(10))
+    assert f["grad_norm__std_rel"] == pytest.approx(std / 4.25, rel=1e-14)
+    assert f["loss__last_dev"] == 2.25
+    assert f["loss__min_dev"] == -2.25 and f["loss__max_dev"] == 2.25
+    assert f["loss__slope"] == 0.5 and f["loss__std"] == pytest.approx(std, rel=1e-14)
+    # the same zscore and EWMA ratio whatever the reading
+    assert f["grad_norm__zscore"] == f["loss__zscore"]
+    s = pd.Series(ramp)
+    short, long = s.ewm(span=10).mean().iloc[-1], s.ewm(span=100).mean().iloc[-1]
+    assert f["loss__ewma_dev"] == pytest.approx(short - long, rel=1e-12)
+    assert f["grad_norm__ewma_ratio"] == pytest.approx(short / long, rel=1e-12)
 
 
 def test_gaps_are_skipped_not_zero():
     # measured at t = 0, 3, 9 only: stats over those three values, slope over their steps
-    f = features({"lr": [1.0, NAN, NAN, 4.0, NAN, NAN, NAN, NAN, NAN, 10.0]})
-    assert f["lr__last"] == 10.0 and f["lr__min"] == 1.0 and f["lr__max"] == 10.0
-    assert f["lr__mean"] == 5.0
-    assert f["lr__slope"] == pytest.approx(1.0, rel=1e-14)
-    assert f["lr__nonfinite"] == 0.0
+    f = features({"output_entropy": [1.0, NAN, NAN, 4.0, NAN, NAN, NAN, NAN, NAN, 10.0]})
+    assert f["output_entropy__last"] == 10.0 and f["output_entropy__min"] == 1.0
+    assert f["output_entropy__max"] == 10.0 and f["output_entropy__mean"] == 5.0
+    assert f["output_entropy__slope"] == pytest.approx(1.0, rel=1e-14)
+    assert f["output_entropy__nonfinite"] == 0.0
 
 
 def test_last_is_last_measurement_of_a_sparse_signal():
@@ -51,9 +71,11 @@ def test_last_is_last_measurement_of_a_sparse_signal():
 
 def test_constant_window():
     f = features({"lr": [3e-4] * 50})
-    assert f["lr__std"] == 0.0 and f["lr__slope"] == 0.0
-    assert f["lr__ewma_ratio"] == 1.0
+    assert f["lr__std_rel"] == 0.0 and f["lr__slope_rel"] == 0.0
+    assert f["lr__last_rel"] == 1.0 and f["lr__ewma_ratio"] == 1.0
     assert math.isnan(f["lr__zscore"])  # undefined, not 0 and not huge
+    zero = features({"lr": [0.0] * 5})  # a ratio to a mean of 0 is undefined
+    assert math.isnan(zero["lr__last_rel"]) and zero["lr__nonfinite"] == 0.0
 
 
 def test_ewma_ratio_matches_pandas_with_gaps():
@@ -87,13 +109,15 @@ def test_nonfinite_counts_measured_values_only():
     )
     assert f["loss__nonfinite"] == 2.0
     assert f["grad_norm__nonfinite"] == 2.0
-    assert f["loss__mean"] == 2.25 and f["loss__max"] == 2.5  # infinities stay out
+    # infinities stay out: the mean of 2.0 and 2.5 is 2.25
+    assert f["loss__last_dev"] == 0.25 and f["loss__min_dev"] == -0.25
+    assert f["grad_norm__last_rel"] == 1.0
 
 
 def test_all_nonfinite_window():
     f = features({"loss": [NAN] * 4, "loss_nonfinite": [1.0] * 4})
     assert f["loss__nonfinite"] == 4.0
-    assert all(math.isnan(f[f"loss__{s}"]) for s in ("last", "mean", "std", "slope"))
+    assert all(math.isnan(f[f"loss__{s}"]) for s in ("last_dev", "min_dev", "std", "slope"))
 
 
 def test_unmeasured_signal_gives_nan_features_without_warnings():
@@ -103,10 +127,12 @@ def test_unmeasured_signal_gives_nan_features_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         vec = dict(zip(fx.schema.names, fx.transform_window(frame), strict=True))
-    assert vec["loss__mean"] == pytest.approx(2.5)
-    assert vec["grad_norm__std"] == 0.0
-    absent = [n for n in vec if not n.startswith(("loss__", "grad_norm__"))]
+    assert vec["loss__last_dev"] == pytest.approx(-0.5)  # 2 against a mean of 2.5
+    assert vec["grad_norm__std_rel"] == 0.0
+    assert vec["ctx__steps"] == 29.0 and vec["ctx__grad_norm_over_long"] == 1.0
+    absent = [n for n in vec if not n.startswith(("loss__", "grad_norm__", "ctx__"))]
     assert absent and all(math.isnan(vec[n]) for n in absent)
+    assert math.isnan(vec["ctx__lr_over_peak"]) and math.isnan(vec["ctx__loss_over_early"])
 
 
 def _dsi(grad_cv, attn_kl, update_cos):

@@ -1,0 +1,266 @@
+"""The run-context accumulator, compiled: rows in, state updated, fields out.
+
+One function, :func:`advance`, feeds rows to the state and emits the fields at given
+steps; :func:`emit` gives the fields of the state as it stands. The live accumulator
+(``RunContext.update``) calls ``advance`` with one row at a time, the offline path with
+a whole run and its window ends: the same machine code runs the same operations on
+the same state in the same order, so both give the same bits (numba, no fastmath:
+floating-point operations are neither reordered nor fused; the state between calls is
+float64 in memory, exactly what the compiled code holds).
+
+State (all float64 so that it is one kind of array, saved as plain lists):
+
+- ``run`` (:data:`RUN_SLOTS`): first and last step, the LR's history, the best loss;
+- ``tracks`` ``(len(TRACKED), len(TRACK_SLOTS))``: per tracked signal its short and
+  long EWMA sums and weights, the step of its last value, its early values' count, its
+  early reference and whether that is settled;
+- ``early`` ``(len(TRACKED), EARLY_STEPS)``: the values of the early steps.
+
+Fields are those of :data:`~collapse_guard.features.context_fields.CONTEXT_FIELDS`, in
+that order. Ratios are NaN unless the denominator is finite and > 0 (NaN = missing for
+LightGBM; never an infinity).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from collapse_guard.features.context_fields import (
+    CONTEXT_FIELDS,
+    EARLY_STEPS,
+    LONG_SPAN,
+    LOSS_SMOOTH_STEPS,
+    SHORT_SPAN,
+    TRACKED,
+)
+
+__all__ = [
+    "N_FIELDS",
+    "RUN_SLOTS",
+    "TRACK_SLOTS",
+    "advance",
+    "decays",
+    "emit",
+    "fresh_state",
+]
+
+N_FIELDS = len(CONTEXT_FIELDS)
+RUN_SLOTS: tuple[str, ...] = (
+    "first_step",
+    "last_step",
+    "lr",  # last finite LR
+    "lr_first",  # first positive LR
+    "lr_first_step",  # step of the first finite LR
+    "lr_peak",
+    "lr_rise_step",  # step of the latest rise
+    "lr_held",  # rows in a row without a rise
+    "lr_settled",  # 1 once the LR has held or fallen for LR_SETTLE_ROWS rows
+    "lr_in_rise",  # 1 while the LR rises row after row
+    "lr_prior_peak",  # highest LR before the latest re-warm
+    "loss_best",  # best smoothed loss
+    "loss_best_step",
+)
+TRACK_SLOTS: tuple[str, ...] = (
+    "short_sum",
+    "short_weight",
+    "long_sum",
+    "long_weight",
+    "last_step",
+    "early_count",
+    "early_ref",
+    "early_settled",
+)
+_R = {name: i for i, name in enumerate(RUN_SLOTS)}
+_T = {name: i for i, name in enumerate(TRACK_SLOTS)}
+# numba reads module-level integers as compile-time constants
+_FIRST, _LAST, _LR, _LR_FIRST, _LR_FIRST_STEP, _LR_PEAK = (
+    _R[k] for k in ("first_step", "last_step", "lr", "lr_first", "lr_first_step", "lr_peak")
+)
+_LR_RISE_STEP, _LR_HELD, _LR_SETTLED, _LR_IN_RISE, _LR_PRIOR = (
+    _R[k] for k in ("lr_rise_step", "lr_held", "lr_settled", "lr_in_rise", "lr_prior_peak")
+)
+_BEST, _BEST_STEP = _R["loss_best"], _R["loss_best_step"]
+_SS, _SW, _LS, _LW, _TLAST, _NEARLY, _REF, _SETTLED = range(len(TRACK_SLOTS))
+_LOSS, _GRAD = TRACKED.index("loss"), TRACKED.index("grad_norm")
+_EARLY_RATIOS = np.array(
+    [TRACKED.index(s) for s in ("param_norm", "attn_logit_max", "output_logit_max")]
+)
+_EARLY = float(EARLY_STEPS)
+
+# A rise is an LR above the previous one by more than this share: schedulers that
+# recompute the LR each step jitter in the last bits without rising.
+_LR_RISE_TOL = 1e-6
+# A rise counts as a re-warm (against the peak before it) once the LR has held or fallen
+# for this many rows in a row: a warm-up that repeats a value once is still warm-up.
+_LR_SETTLE_ROWS = 10.0
+
+_JIT = {"cache": True, "error_model": "numpy"}
+
+# emit() writes the fields by position: this is the order it writes them in
+_EMITTED = (
+    "ctx__steps",
+    "ctx__lr_over_peak",
+    "ctx__lr_over_start",
+    "ctx__lr_steps_since_rise",
+    "ctx__lr_over_prior_peak",
+    "ctx__loss_over_best",
+    "ctx__loss_steps_since_best",
+    "ctx__loss_over_early",
+    "ctx__grad_norm_over_long",
+    "ctx__param_norm_over_early",
+    "ctx__attn_logit_max_over_early",
+    "ctx__output_logit_max_over_early",
+)
+if tuple(name for name, _ in CONTEXT_FIELDS) != _EMITTED:
+    raise ImportError("context_fields.CONTEXT_FIELDS and context_kernel.emit disagree on order")
+
+
+def fresh_state() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(run, tracks, early)`` of a run with no rows yet."""
+    run = np.full(len(RUN_SLOTS), np.nan)
+    run[[_LR_HELD, _LR_SETTLED, _LR_IN_RISE]] = 0.0
+    tracks = np.zeros((len(TRACKED), len(TRACK_SLOTS)))
+    tracks[:, [_TLAST, _REF]] = np.nan
+    early = np.full((len(TRACKED), EARLY_STEPS), np.nan)
+    return run, tracks, early
+
+
+def decays() -> np.ndarray:
+    """``(len(TRACKED), 2)``: the per-step decay of the short and long EWMA of each
+    tracked signal (pandas' span convention, alpha = 2 / (span + 1); the loss's short
+    one from its time constant)."""
+    out = np.empty((len(TRACKED), 2))
+    out[:, 0] = 1.0 - 2.0 / (SHORT_SPAN + 1.0)
+    out[_LOSS, 0] = math.exp(-1.0 / LOSS_SMOOTH_STEPS)
+    out[:, 1] = 1.0 - 2.0 / (LONG_SPAN + 1.0)
+    return out
+
+
+@numba.njit(**_JIT)
+def advance(run, tracks, early, decay, steps, values, ends, out):
+    """Feed rows ``(steps[i], values[:, i])`` in order; before the first row whose step
+    is past ``ends[j]`` (sorted), write the fields at step ``ends[j]`` into ``out[j]``.
+
+    ``values`` rows: the LR, then the :data:`TRACKED` signals (NaN = not measured).
+    """
+    j = 0
+    for i in range(len(steps)):
+        while j < len(ends) and ends[j] < steps[i]:
+            emit(run, tracks, early, float(ends[j]), out[j])
+            j += 1
+        t = float(steps[i])
+        if math.isnan(run[_FIRST]):
+            run[_FIRST] = t
+        run[_LAST] = t
+        _lr(run, t, values[0, i])
+        for c in range(tracks.shape[0]):
+            _track(run, tracks, early, decay, c, t, values[c + 1, i])
+        if math.isfinite(values[_LOSS + 1, i]):
+            smooth = tracks[_LOSS, _SS] / tracks[_LOSS, _SW]
+            if not smooth >= run[_BEST]:  # NaN best: the first one
+                run[_BEST] = smooth
+                run[_BEST_STEP] = t
+    while j < len(ends):
+        emit(run, tracks, early, float(ends[j]), out[j])
+        j += 1
+
+
+@numba.njit(**_JIT)
+def _lr(run, t, v):
+    if not math.isfinite(v):
+        return
+    if math.isnan(run[_LR_FIRST_STEP]):
+        run[_LR_FIRST_STEP] = t
+    if v > 0.0 and math.isnan(run[_LR_FIRST]):
+        run[_LR_FIRST] = v
+    prev = run[_LR]
+    if math.isfinite(prev):
+        if v > prev + _LR_RISE_TOL * abs(prev):
+            if run[_LR_IN_RISE] == 0.0:
+                run[_LR_IN_RISE] = 1.0
+                # a re-warm is measured against the peak before it; a warm-up has none
+                run[_LR_PRIOR] = run[_LR_PEAK] if run[_LR_SETTLED] == 1.0 else math.nan
+            run[_LR_RISE_STEP] = t
+            run[_LR_HELD] = 0.0
+        else:
+            run[_LR_IN_RISE] = 0.0
+            run[_LR_HELD] += 1.0
+            if run[_LR_HELD] >= _LR_SETTLE_ROWS:
+                run[_LR_SETTLED] = 1.0
+    if not v <= run[_LR_PEAK]:  # NaN peak: the first value
+        run[_LR_PEAK] = v
+    run[_LR] = v
+
+
+@numba.njit(**_JIT)
+def _track(run, tracks, early, decay, c, t, v):
+    row = tracks[c]
+    if row[_SETTLED] == 0.0 and t >= run[_FIRST] + _EARLY:
+        row[_REF] = _median(early[c], row[_NEARLY])
+        row[_SETTLED] = 1.0
+    if not math.isfinite(v):  # an infinity would stay in the averages for good
+        return
+    if t < run[_FIRST] + _EARLY and row[_NEARLY] < _EARLY:  # (steps are unique integers)
+        early[c, int(row[_NEARLY])] = v
+        row[_NEARLY] += 1.0
+    if math.isnan(row[_TLAST]):
+        row[_SS], row[_SW], row[_LS], row[_LW] = v, 1.0, v, 1.0
+    else:
+        # weights decay with the steps since the last value, not the rows
+        gap = t - row[_TLAST]
+        short, long = math.pow(decay[c, 0], gap), math.pow(decay[c, 1], gap)
+        row[_SS] = row[_SS] * short + v
+        row[_SW] = row[_SW] * short + 1.0
+        row[_LS] = row[_LS] * long + v
+        row[_LW] = row[_LW] * long + 1.0
+    row[_TLAST] = t
+
+
+@numba.njit(**_JIT)
+def _median(values, count):
+    n = int(count)
+    return np.median(values[:n]) if n > 0 else math.nan
+
+
+@numba.njit(**_JIT)
+def _ratio(a, b):
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0.0 else math.nan
+
+
+@numba.njit(**_JIT)
+def _early_ref(run, tracks, early, c, now):
+    if tracks[c, _SETTLED] == 1.0:
+        return tracks[c, _REF]
+    if now >= run[_FIRST] + _EARLY:  # a step past the early ones, before its row came
+        return _median(early[c], tracks[c, _NEARLY])
+    return math.nan
+
+
+@numba.njit(**_JIT)
+def _short(tracks, c):
+    return tracks[c, _SS] / tracks[c, _SW] if tracks[c, _SW] > 0.0 else math.nan
+
+
+@numba.njit(**_JIT)
+def emit(run, tracks, early, now, out):
+    """Write the fields at step ``now`` (>= the last row's step) into ``out``; reads the
+    state only."""
+    lr = run[_LR]
+    out[0] = now - run[_FIRST]
+    out[1] = _ratio(lr, run[_LR_PEAK])
+    out[2] = _ratio(lr, run[_LR_FIRST])
+    since = run[_LR_RISE_STEP] if math.isfinite(run[_LR_RISE_STEP]) else run[_LR_FIRST_STEP]
+    out[3] = now - since
+    out[4] = _ratio(lr, run[_LR_PRIOR])
+    loss = _short(tracks, _LOSS)
+    out[5] = _ratio(loss, run[_BEST])
+    out[6] = now - run[_BEST_STEP]
+    out[7] = _ratio(loss, _early_ref(run, tracks, early, _LOSS, now))
+    long = tracks[_GRAD, _LS] / tracks[_GRAD, _LW] if tracks[_GRAD, _LW] > 0.0 else math.nan
+    out[8] = _ratio(_short(tracks, _GRAD), long)
+    for k in range(len(_EARLY_RATIOS)):
+        c = _EARLY_RATIOS[k]
+        out[9 + k] = _ratio(_short(tracks, c), _early_ref(run, tracks, early, c, now))
