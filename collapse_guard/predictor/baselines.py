@@ -1,49 +1,71 @@
-"""What people use today, as per-step scorers the model is compared against.
+"""What people use today, as :class:`~collapse_guard.predictor.evaluation.Scorer`s.
 
-Each baseline gives, for every row of a run frame (``step`` + signal columns):
+Each baseline gives, for every row of a run frame (``step`` + signal columns), a
+continuous score (higher = more alarming, NaN = no opinion yet), so that it can also be
+compared at a threshold fitted for the model's false-alarm rate; and its own operating
+point, set without the test runs: a rule as its original fires it (``alarm_run``), a
+learned baseline at a threshold tuned on validation runs (``operating_points``).
 
-- ``score_run(frame)``: a continuous score, higher = more alarming, NaN = no opinion
-  yet (warming up), so it can be evaluated at the same false-alarm budget as the
-  model (the threshold is then set on healthy steps);
-- ``alarm_run(frame)``: its own native rule, as the original code fires it.
+================  ===========================================================================
+name              rule (source; defaults)
+================  ===========================================================================
+``dsi``           the seed's Dynamic Stability Index, at the seed's sampling periods: it
+                  reads grad_cv every 100 steps, attn_kl every 50, update_cos every 10, and
+                  alarms while all three last readings are over their thresholds (grad_cv >
+                  0.45, attn_kl outside [0.2, 1.5], update_cos outside [0.1, 0.9]).
+``olmo_zscore``   OLMo-core's ``SkipStepOptimizer`` (src/olmo_core/optim/
+                  skip_step_optimizer.py, ``rolling_interval_length=128``,
+                  ``sigma_factor=6``): skip when the loss *or* the gradient norm exceeds the
+                  mean of the previous 128 values by more than 6 unbiased std, judging once
+                  it holds ``max(2, 128 // 2) = 64`` losses, the current one included.
+``zclip``         ZClip (bluorion-com/ZClip, zclip/zclip.py; ``alpha=0.97``,
+                  ``z_thresh=2.5``, ``warmup_steps=25``, ``eps=1e-6``, ``zscore`` mode,
+                  ``adaptive_scaling``): z of the gradient norm against an EMA mean and
+                  variance set by the first 25 norms; a spike is z > 2.5, and the EMA is
+                  updated with the clipped norm mean + 2.5 std / (z / 2.5).
+``kill_spike``    llm-foundry's ``KillLossSpike`` (llmfoundry/callbacks/
+                  kill_loss_spike_callback.py; ``patience=4``, ``outlier_multiplier=2``,
+                  window ``max(100, 5% of the run)``, ``loss_cap=10``): the fifth loss in
+                  a row >= 2x the window's mean, or half the window over the cap.
+``attn_logit``    a threshold on the largest attention logit, tuned on validation runs.
+``attn_entropy``  a threshold on the lowest attention entropy (alarm below), tuned the
+                  same way.
+``config_only``   what the config says, without any signal: a small LightGBM on the LR in
+                  force, the step and the peak LR so far, fitted on the training runs;
+                  threshold tuned on validation runs.
+================  ===========================================================================
 
-- ``dsi``: the seed's Dynamic Stability Index. Native: grad_cv > 0.45 and attn_kl
-  outside [0.2, 1.5] and update_cos outside [0.1, 0.9], all three at once. Score: the
-  smallest of the three normalised exceedances (> 0 exactly when all three are over).
-- ``olmo_zscore``: OLMo-core's ``SkipStepOptimizer`` on the loss. Native:
-  loss - mean > 6 std of the previous 128 losses (judging from 64 losses on).
-  Score: (loss - mean) / std.
-- ``zclip``: ZClip. Native: z > 2.5 of grad_norm against an EMA (alpha 0.97) mean and
-  variance set by a 25-step warm-up and updated with the clipped norm. Score: z.
-- ``kill_spike``: llm-foundry's ``KillLossSpike``. Native: loss >= 2x the mean of the
-  previous 100 losses for 5 steps in a row (patience 4), or half the window over the
-  loss cap (the first window's largest loss). Score: the smallest loss / window-mean
-  ratio of the last 5 steps (>= 2 exactly when 5 in a row are outliers).
-- ``config_only``: what the config says, without any signal: a small LightGBM on the
-  LR in force, the step and the peak LR so far, fitted on the training runs. Score:
-  its P(collapse within H); native: P >= 0.5 (it has no rule of its own).
-
-Signals measured every k steps (attention) hold their last value until the next
-measurement, as the seed's periodic check sees them. A measured non-finite loss or
-gradient norm is an alarm for every rule (score +inf): no user would call it healthy.
+Conventions. Rows are steps: a rule's "previous 128 values" are the previous 128 rows
+where the signal was measured. A measured non-finite loss or gradient norm is an alarm
+for every rule (score +inf) and is left out of the statistics: in the originals a NaN
+either fires (OLMo-core: every comparison with NaN fails, so the step is skipped) or
+poisons the window for good (ZClip, KillLossSpike: a NaN mean never alarms again); no
+user would call the step healthy. A signal measured every k steps (attention) holds its
+last value until the next measurement, as a periodic check sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
+from collapse_guard.datasets.label import HORIZON
 from collapse_guard.signals import signal
 
 __all__ = [
+    "LEARNED_BASELINES",
     "RULE_BASELINES",
+    "AttnEntropyThreshold",
+    "AttnLogitThreshold",
     "Baseline",
     "ConfigOnlyBaseline",
     "DSIBaseline",
     "KillLossSpikeBaseline",
     "OLMoZScoreBaseline",
+    "SignalThreshold",
     "ZClipBaseline",
     "default_baselines",
 ]
@@ -58,38 +80,53 @@ def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
 def _measured_nonfinite(frame: pd.DataFrame, name: str) -> np.ndarray:
     # inf is always a measurement; NaN only when the companion flag says it was measured
     values = _column(frame, name)
-    flag = _column(frame, f"{name}_nonfinite") if f"{name}_nonfinite" in frame else None
     bad = np.isinf(values)
-    if flag is not None:
-        bad |= np.isnan(values) & (flag >= 1)
+    if f"{name}_nonfinite" in frame:
+        bad |= np.isnan(values) & (_column(frame, f"{name}_nonfinite") >= 1)
     return bad
 
 
-def _finite_losses(frame: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
-    # the loss column, and the same with non-finite values left out (NaN) for statistics
-    loss = _column(frame, "loss")
-    return loss, pd.Series(np.where(np.isfinite(loss), loss, np.nan))
+def _finite(values: np.ndarray) -> pd.Series:
+    # the same values with non-finite ones left out (NaN), for statistics
+    return pd.Series(np.where(np.isfinite(values), values, np.nan))
 
 
 def _fires(score: np.ndarray, threshold: float) -> np.ndarray:
-    # a native rule fires where its score is over the threshold; no opinion (NaN) never does
+    # a rule fires where its score is over the threshold; no opinion (NaN) never does
     return np.nan_to_num(score, nan=-np.inf) > threshold
 
 
 class Baseline:
-    """Interface of every baseline (see the module docstring)."""
+    """Shared defaults of every baseline: a rule has nothing to fit and no tuned point."""
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    probabilistic: ClassVar[bool] = False
 
-    def fit(self, runs: Sequence, *, horizon: int = 200) -> Baseline:
-        """Rules have nothing to fit; learned baselines override this."""
+    def fit(
+        self,
+        train_runs: Sequence = (),
+        validation_runs: Sequence = (),
+        *,
+        horizon: int = HORIZON,
+        budget_per_10k: float = 1.0,
+    ) -> Baseline:
+        """Rules have nothing to fit; learned baselines override this. Returns self."""
         return self
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
         raise NotImplementedError
 
-    def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        raise NotImplementedError
+    def operating_points(self) -> Mapping[str, float]:
+        return {}
+
+    def alarm_run(self, frame: pd.DataFrame) -> np.ndarray | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+# ------------------------------------------------------------------------------ DSI
 
 
 def _band_exceedance(values: np.ndarray, name: str) -> np.ndarray:
@@ -102,63 +139,100 @@ def _band_exceedance(values: np.ndarray, name: str) -> np.ndarray:
     return np.maximum(above, below)
 
 
+def sampled(frame: pd.DataFrame, name: str, period: int) -> np.ndarray:
+    """What a check every ``period`` steps has read of ``name`` by each row's step.
+
+    The check runs at steps 0, period, 2 x period, ...; at each it reads the latest
+    measurement of the last ``period`` steps, (s - period, s], and holds it until the next
+    check. NaN before the first reading (and after a check that found none).
+    """
+    steps = frame["step"].to_numpy(dtype=np.int64)
+    values = _column(frame, name)
+    measured = ~np.isnan(values)
+    if not measured.any():
+        return np.full(steps.size, np.nan)
+    checks = pd.DataFrame({"check": (steps // period) * period})
+    readings = pd.DataFrame({"at": steps[measured], "value": values[measured]})
+    got = pd.merge_asof(
+        checks,
+        readings,
+        left_on="check",
+        right_on="at",
+        direction="backward",
+        tolerance=period - 1,
+    )
+    return got["value"].to_numpy(dtype=np.float64)
+
+
 class DSIBaseline(Baseline):
-    """The seed's Dynamic Stability Index: all three DSI signals over threshold."""
+    """The seed's Dynamic Stability Index at the seed's sampling periods (module docstring)."""
 
     name = "dsi"
-    signals = ("grad_cv", "attn_kl", "update_cos")
+    # the seed's sampling periods, in steps
+    periods: ClassVar[dict[str, int]] = {"grad_cv": 100, "attn_kl": 50, "update_cos": 10}
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
-        parts = []
-        for name in self.signals:
-            held = pd.Series(_column(frame, name)).ffill().to_numpy()
-            parts.append(_band_exceedance(held, name))
-        # all three over <=> the smallest exceedance is > 0; NaN until all were measured
+        parts = [
+            _band_exceedance(sampled(frame, name, period), name)
+            for name, period in self.periods.items()
+        ]
+        # all three over <=> the smallest exceedance is > 0; NaN until all were read
         return np.min(np.vstack(parts), axis=0)
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
         return _fires(self.score_run(frame), 0.0)
 
 
-class OLMoZScoreBaseline(Baseline):
-    """OLMo-core's skip rule on the loss: one-sided z > 6 over the previous 128 losses.
+# ------------------------------------------------------------------------------ OLMo-core
 
-    OLMo-core starts judging once it holds ``max(20, 128 // 2)`` losses and uses
-    ``torch.std_mean`` (unbiased std). Non-finite losses are alarms here and are left
-    out of the statistics (in OLMo one NaN poisons the window for 129 steps).
-    """
+
+class OLMoZScoreBaseline(Baseline):
+    """OLMo-core's skip-step rule on the loss and the gradient norm (module docstring)."""
 
     name = "olmo_zscore"
-    window = 128
-    sigma = 6.0
-    min_history = 64
+    window = 128  # rolling_interval_length
+    sigma = 6.0  # sigma_factor
+    # OLMo judges once len(_losses) >= max(2, window // 2), and _losses holds the
+    # current loss too: 63 previous values
+    min_history = max(2, window // 2) - 1
+
+    def _z(self, frame: pd.DataFrame, name: str) -> np.ndarray:
+        values = _column(frame, name)
+        prev = _finite(values).shift(1).rolling(self.window, min_periods=self.min_history)
+        mean, std = prev.mean().to_numpy(), prev.std(ddof=1).to_numpy()  # torch.std_mean
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = (values - mean) / std
+        # std 0: OLMo's `x - mean <= 6 * 0` fails for any rise
+        return np.where(std == 0, np.where(values > mean, np.inf, 0.0), z)
+
+    def _parts(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        loss_z = self._z(frame, "loss")
+        grad_z = self._z(frame, "grad_norm")
+        # the gradient norm is judged on the loss's history count, as in OLMo-core
+        grad_z = np.where(np.isnan(loss_z), np.nan, grad_z)
+        blowup = _measured_nonfinite(frame, "loss") | _measured_nonfinite(frame, "grad_norm")
+        return np.where(blowup, np.inf, loss_z), np.where(blowup, np.inf, grad_z)
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
-        loss, finite = _finite_losses(frame)
-        prev = finite.shift(1).rolling(self.window, min_periods=self.min_history)
-        mean, std = prev.mean().to_numpy(), prev.std(ddof=1).to_numpy()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = (loss - mean) / std
-        z = np.where(std == 0, np.where(loss > mean, np.inf, 0.0), z)
-        return np.where(_measured_nonfinite(frame, "loss"), np.inf, z)
+        loss_z, grad_z = self._parts(frame)
+        return np.fmax(loss_z, grad_z)  # either signal skips; a missing one has no say
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        return _fires(self.score_run(frame), self.sigma)
+        loss_z, grad_z = self._parts(frame)
+        return _fires(loss_z, self.sigma) | _fires(grad_z, self.sigma)
+
+
+# ------------------------------------------------------------------------------ ZClip
 
 
 class ZClipBaseline(Baseline):
-    """ZClip's spike detector on the gradient norm (Kumar et al., 2025).
-
-    Warm-up: the first 25 norms set the mean and variance. Then, each step,
-    z = (g - mean) / std; a spike is z > 2.5, and the norm is clipped to
-    mean + (2.5^2 / z) * std (ZClip's reciprocal clipping) before it updates the EMA
-    mean and variance (alpha 0.97), so one spike does not inflate the statistics.
-    """
+    """ZClip's spike detector on the gradient norm (module docstring)."""
 
     name = "zclip"
     alpha = 0.97
     z_thresh = 2.5
     warmup = 25
+    eps = 1e-6
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
         g = _column(frame, "grad_norm")
@@ -170,15 +244,15 @@ class ZClipBaseline(Baseline):
                 continue  # unmeasured (NaN) or non-finite: set below, never fed to the EMA
             if len(history) < self.warmup:
                 history.append(gi)
-                if len(history) == self.warmup:
+                if len(history) == self.warmup:  # population mean and variance
                     mean, var = float(np.mean(history)), float(np.var(history))
                 continue
             std = np.sqrt(var)
-            z = (gi - mean) / std if std > 0 else (np.inf if gi > mean else 0.0)
+            z = (gi - mean) / (std + self.eps)
             z_out[i] = z
             clipped = mean + (self.z_thresh**2 / z) * std if z > self.z_thresh else gi
             mean = self.alpha * mean + (1 - self.alpha) * clipped
-            var = self.alpha * var + (1 - self.alpha) * (clipped - mean) ** 2
+            var = self.alpha * var + (1 - self.alpha) * (clipped - mean) ** 2  # the new mean
         # an AMP overflow step (overflow = 1) is the scaler's business: it skips the step,
         # which is healthy behaviour; any other non-finite norm is a blow-up
         overflow = _column(frame, "overflow") >= 1
@@ -189,56 +263,114 @@ class ZClipBaseline(Baseline):
         return _fires(self.score_run(frame), self.z_thresh)
 
 
-class KillLossSpikeBaseline(Baseline):
-    """llm-foundry's KillLossSpike (window 100, multiplier 2, patience 4).
+# ------------------------------------------------------------------------------ llm-foundry
 
-    The window holds the previous 100 losses (outliers included, as in llm-foundry);
-    judging starts once it is full. The loss cap is the largest loss of the first
-    full window; "high losses" is half of the window over the cap, from step
-    2 x window on.
+
+class KillLossSpikeBaseline(Baseline):
+    """llm-foundry's KillLossSpike (module docstring).
+
+    The window holds the previous ``window`` losses, outliers included; judging starts
+    once it is full. Window: ``max(100, round(0.05 x the run's steps))`` (the run's rows
+    here). Loss cap: llm-foundry means it to be the first window's largest loss (at most
+    10), but sets it only when ``current_step == window_size`` while the window is full,
+    and Composer advances ``timestamp.batch`` before ``BATCH_END``, so when the window
+    first fills the step is already window + 1: the cap stays at 10, as here. The
+    high-loss test runs from Composer's step 2 x window, i.e. row 2 x window - 1.
     """
 
     name = "kill_spike"
-    window = 100
+    min_window = 100
+    window_fraction = 0.05
     multiplier = 2.0
     patience = 4
+    loss_cap = 10.0
+
+    def window_for(self, n_steps: int) -> int:
+        return max(self.min_window, round(n_steps * self.window_fraction))
 
     def _ratio_and_high(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        loss, finite = _finite_losses(frame)
-        prev = finite.shift(1)
-        mean = prev.rolling(self.window, min_periods=self.window).mean().to_numpy()
+        loss = _column(frame, "loss")
+        window = self.window_for(len(frame))
+        prev = _finite(loss).shift(1)
+        mean = prev.rolling(window, min_periods=window).mean().to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = loss / mean
-        ratio = np.where(_measured_nonfinite(frame, "loss"), np.inf, ratio)
-        high = np.zeros(loss.size, dtype=bool)
-        first_window = finite.to_numpy()[: self.window]
-        if loss.size > self.window and np.isfinite(first_window).any():
-            cap = np.nanmax(first_window)
-            over = (prev > cap).astype(float).rolling(self.window, min_periods=self.window).sum()
-            high = over.to_numpy() >= self.window / 2
-            high[: 2 * self.window] = False
+            ratio = np.where(_measured_nonfinite(frame, "loss"), np.inf, loss / mean)
+        over = (prev > self.loss_cap).astype(float).rolling(window, min_periods=window).sum()
+        high = over.to_numpy() >= window / 2
+        high[: 2 * window - 1] = False
         return ratio, high
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
         ratio, _ = self._ratio_and_high(frame)
-        # min over the last patience + 1 steps: score >= 2 <=> 5 outliers in a row
+        # the smallest ratio of the last patience + 1 rows: >= 2 <=> 5 outliers in a row
         run = pd.Series(ratio).rolling(self.patience + 1, min_periods=self.patience + 1).min()
-        return run.to_numpy()
+        # a measured non-finite loss alarms at once, whatever the four before it
+        return np.where(_measured_nonfinite(frame, "loss"), np.inf, run.to_numpy())
 
     def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        score = np.nan_to_num(self.score_run(frame), nan=-np.inf)
         _, high = self._ratio_and_high(frame)
-        return (score >= self.multiplier) | high
+        return (np.nan_to_num(self.score_run(frame), nan=-np.inf) >= self.multiplier) | high
 
 
-class ConfigOnlyBaseline(Baseline):
+# ------------------------------------------------------------------------------ learned
+
+
+class _Tuned(Baseline):
+    """A baseline whose threshold is tuned on validation runs for a false-alarm budget."""
+
+    def _tune(self, validation_runs: Sequence, horizon: int, budget_per_10k: float) -> None:
+        from collapse_guard.predictor.evaluation.events import threshold_at_budget
+        from collapse_guard.predictor.evaluation.report import scored_runs
+
+        if not validation_runs:
+            self.threshold_ = None
+            return
+        scored = scored_runs(validation_runs, [self.score_run(r.frame) for r in validation_runs])
+        self.threshold_ = threshold_at_budget(scored, budget_per_10k, horizon)
+
+    def operating_points(self) -> dict[str, float]:
+        threshold = getattr(self, "threshold_", None)
+        return {} if threshold is None else {"native": threshold}
+
+
+class SignalThreshold(_Tuned):
+    """A single-signal threshold: alarm while the last reading of ``signal_name`` is past a
+    value tuned on validation runs (``sign`` +1: above, -1: below)."""
+
+    signal_name: ClassVar[str] = ""
+    sign: ClassVar[float] = 1.0
+
+    def fit(self, train_runs=(), validation_runs=(), *, horizon=HORIZON, budget_per_10k=1.0):
+        self._tune(validation_runs, horizon, budget_per_10k)
+        return self
+
+    def score_run(self, frame: pd.DataFrame) -> np.ndarray:
+        held = pd.Series(_column(frame, self.signal_name)).ffill().to_numpy()
+        return self.sign * held
+
+
+class AttnLogitThreshold(SignalThreshold):
+    name = "attn_logit"
+    signal_name = "attn_logit_max"
+    sign = 1.0
+
+
+class AttnEntropyThreshold(SignalThreshold):
+    name = "attn_entropy"
+    signal_name = "attn_entropy_min"
+    sign = -1.0  # a collapsing head's entropy falls
+
+
+class ConfigOnlyBaseline(_Tuned):
     """P(collapse within H) from what the config says: LR in force, step, peak LR so far."""
 
     name = "config_only"
+    probabilistic = True
     columns = ("log_lr", "step", "log_peak_lr")
 
-    def __init__(self, random_state: int = 0) -> None:
+    def __init__(self, random_state: int = 0, stride: int = 10) -> None:
         self.random_state = random_state
+        self.stride = stride
 
     def _features(self, frame: pd.DataFrame) -> pd.DataFrame:
         lr = pd.Series(_column(frame, "lr")).ffill()
@@ -249,31 +381,35 @@ class ConfigOnlyBaseline(Baseline):
             {"log_lr": log_lr, "step": frame["step"].to_numpy(float), "log_peak_lr": log_peak}
         )
 
-    def fit(self, runs: Sequence, *, horizon: int = 200, stride: int = 10) -> ConfigOnlyBaseline:
-        """Fit on training runs (``RunRecord``s) at every ``stride``-th step before onset."""
+    def fit(self, train_runs=(), validation_runs=(), *, horizon=HORIZON, budget_per_10k=1.0):
+        """Fit on training runs at every ``stride``-th step before onset; tune the threshold
+        on validation runs."""
         from collapse_guard.datasets.label import collapse_targets
         from collapse_guard.predictor.model import CollapsePredictor
 
+        if not train_runs:
+            raise ValueError(
+                "ConfigOnlyBaseline.fit needs training runs (RunRecords); got none. "
+                "Fix: pass the runs the model was trained on"
+            )
         xs, ys = [], []
-        for run in runs:
+        for run in train_runs:
             steps = run.frame["step"].to_numpy()
             y, usable = collapse_targets(steps, run.meta.onset_step, horizon)
-            rows = np.flatnonzero(usable)[::stride]
+            rows = np.flatnonzero(usable)[:: self.stride]
             xs.append(self._features(run.frame).iloc[rows])
             ys.append(np.asarray(y)[rows])
         # few, coarse features: a small model is all they can support
         self.model_ = CollapsePredictor(
             n_estimators=100, num_leaves=7, min_child_samples=50, random_state=self.random_state
         ).fit(pd.concat(xs, ignore_index=True), np.concatenate(ys))
+        self._tune(validation_runs, horizon, budget_per_10k)
         return self
 
     def score_run(self, frame: pd.DataFrame) -> np.ndarray:
         if not hasattr(self, "model_"):
             raise RuntimeError("ConfigOnlyBaseline is not fitted; call fit(train_runs) first")
         return self.model_.raw_proba(self._features(frame))
-
-    def alarm_run(self, frame: pd.DataFrame) -> np.ndarray:
-        return self.score_run(frame) >= 0.5
 
 
 RULE_BASELINES: tuple[type[Baseline], ...] = (
@@ -282,11 +418,24 @@ RULE_BASELINES: tuple[type[Baseline], ...] = (
     ZClipBaseline,
     KillLossSpikeBaseline,
 )
+LEARNED_BASELINES: tuple[type[Baseline], ...] = (AttnLogitThreshold, AttnEntropyThreshold)
 
 
-def default_baselines(train_runs: Sequence | None = None, *, horizon: int = 200, seed: int = 0):
-    """The four rules, plus config-only when ``train_runs`` are given to fit it on."""
+def default_baselines(
+    train_runs: Sequence | None = None,
+    validation_runs: Sequence | None = None,
+    *,
+    horizon: int = HORIZON,
+    budget_per_10k: float = 1.0,
+    seed: int = 0,
+) -> list[Baseline]:
+    """The four rules; the tuned single-signal thresholds when ``validation_runs`` are given
+    (they set the thresholds); config-only when ``train_runs`` are given to fit it on."""
     baselines: list[Baseline] = [cls() for cls in RULE_BASELINES]
+    tune = {"horizon": horizon, "budget_per_10k": budget_per_10k}
+    if validation_runs:
+        baselines += [cls().fit((), validation_runs, **tune) for cls in LEARNED_BASELINES]
     if train_runs:
-        baselines.append(ConfigOnlyBaseline(random_state=seed).fit(train_runs, horizon=horizon))
+        config_only = ConfigOnlyBaseline(random_state=seed)
+        baselines.append(config_only.fit(train_runs, validation_runs or (), **tune))
     return baselines

@@ -14,7 +14,9 @@ import typer
 __all__ = [
     "comparison_scores",
     "evaluate_command",
+    "holdout_table",
     "predict_command",
+    "print_groups",
     "print_report",
     "run_paths",
     "train_command",
@@ -54,8 +56,18 @@ def run_paths(sources: list[Path]) -> list[Path]:
     return sorted(set(paths))
 
 
+def _fmt(value, digits: int = 3) -> str:
+    return "—" if value is None or value != value else f"{value:.{digits}g}"
+
+
+# where each threshold came from, in a table's words (evaluation.report)
+_FITTED_ON = {"validation": "validation", "rule": "its rule", "test": "test runs (ROC-like)"}
+
+
 def _scorer_table(report, title: str, source: str = "all"):
-    """Rich table: every scorer at the false-alarm budget, and the model at its stored levels.
+    """Rich table: each scorer at its out-of-sample point (the model at its stored levels,
+    a rule as it fires, a tuned baseline at its validation threshold), then every scorer at
+    a threshold fitted on these test runs for the same false-alarm rate (ROC-like).
 
     ``lead`` is the median lead time of caught collapses, in steps.
     """
@@ -64,49 +76,75 @@ def _scorer_table(report, title: str, source: str = "all"):
 
     # SIMPLE_HEAD and short headers: the table must fit 80 columns (rich's width off a tty)
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("scorer", "alarm at", "recall", "caught", "lead", "FA/10k", "PR-AUC", "Brier"):
-        text = column in ("scorer", "alarm at")
+    headers = ("scorer", "alarm at", "fitted on", "recall", "caught", "lead", "FA/10k")
+    for column in (*headers, "PR-AUC", "Brier"):
+        text = column in ("scorer", "alarm at", "fitted on")
         table.add_column(column, justify="left" if text else "right", no_wrap=text)
-
-    def fmt(value, digits: int = 3) -> str:
-        return "—" if value is None or value != value else f"{value:.{digits}g}"
-
     frame = report.to_frame()
-    rows = frame[(frame["source"] == source) & (frame["operating_point"] != "native")]
-    rows = rows[(rows["scorer"] == "model") | (rows["operating_point"] == "budget")]
-    for r in rows.itertuples():
-        style = "bold" if r.scorer == "model" and r.operating_point == "budget" else None
+    frame = frame[frame["source"] == source]
+    stored = frame[frame["fitted_on"] != "test"]
+    fitted = frame[frame["fitted_on"] == "test"]
+    for part in (stored, fitted):
+        for r in part.itertuples():
+            headline = r.scorer == "model" and r.operating_point == "level:warn"
+            table.add_row(
+                r.scorer,
+                r.operating_point.removeprefix("level:"),
+                _FITTED_ON[r.fitted_on],
+                _fmt(r.recall),
+                f"{r.caught}/{r.n_collapsed}",
+                _fmt(r.median_lead),
+                _fmt(r.fa_per_10k),
+                _fmt(r.pr_auc),
+                _fmt(r.brier, 2),
+                style="bold" if headline else None,
+                end_section=part is stored and r.Index == stored.index[-1],
+            )
+    return table
+
+
+def _budget_table(report, title: str):
+    """Rich table: do the stored levels hold their false-alarm budgets, per source?"""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("source", "level", "budget/10k", "FA/10k", "false alarms", "holds"):
+        table.add_column(column, justify="left" if column in ("source", "level") else "right")
+    for c in report.budget_checks:
+        holds = {True: "yes", False: "[red]no[/]", None: "too few steps"}[c.holds]
         table.add_row(
-            r.scorer,
-            r.operating_point.removeprefix("level:"),
-            fmt(r.recall),
-            f"{r.caught}/{r.n_collapsed}",
-            fmt(r.median_lead),
-            fmt(r.fa_per_10k),
-            fmt(r.pr_auc),
-            fmt(r.brier, 2),
-            style=style,
+            c.source,
+            c.level,
+            _fmt(c.budget_per_10k),
+            _fmt(c.fa_per_10k),
+            f"{c.false_alarms} in {c.healthy_steps} steps",
+            holds,
         )
     return table
 
 
 def print_report(console, report, heading: str) -> None:
-    """Print the scorer table for all sources pooled, then per source when there are several."""
+    """Print the scorer table for all sources pooled, then per source when there are
+    several, then whether the stored levels hold their budgets."""
     sources = sorted(set(report.to_frame()["source"]) - {"all"})
-    budget = f"{report.budget_per_10k:g} false alarm per 10k healthy steps"
-    console.print(_scorer_table(report, f"{heading}: all sources, at {budget}"))
+    budget = f"ROC-like rows at {report.budget_per_10k:g} false alarm per 10k healthy steps"
+    console.print(_scorer_table(report, f"{heading}: all sources ({budget})"))
     if len(sources) > 1:
         for source in sources:
             console.print(_scorer_table(report, f"{heading}: {source}", source=source))
+    if report.budget_checks:
+        factor = "stored levels on these runs: within 2x of their budgets?"
+        console.print(_budget_table(report, f"{heading}: {factor}"))
 
 
-def _kind_table(report, grouping: str, title: str):
-    """Rich table: per collapse kind, the model's recall and lead at the budget beside the
-    best baseline's recall there (``grouping``: the label's ``kind`` or the ``cause``)."""
+def _group_table(report, grouping: str, title: str):
+    """Rich table: per group, the model's recall and lead at its stored warn level beside
+    the best baseline at its own point (``grouping``: kind, cause, onset, family, ...)."""
     from rich import box
     from rich.table import Table
 
-    wide = report.kind_table(grouping)
+    wide = report.group_table(grouping)
     baselines = [
         c.removesuffix(" recall")
         for c in wide.columns
@@ -117,22 +155,54 @@ def _kind_table(report, grouping: str, title: str):
         table.add_column(
             column, justify="left" if column in (grouping, "best baseline") else "right"
         )
-
-    def fmt(value, digits: int = 3) -> str:
-        return "—" if value is None or value != value else f"{value:.{digits}g}"
-
-    for kind, row in wide.iterrows():
+    for group, row in wide.iterrows():
         recalls = {
             b: row[f"{b} recall"] for b in baselines if row[f"{b} recall"] == row[f"{b} recall"]
         }
         best = max(recalls, key=recalls.get, default=None)
         table.add_row(
-            str(kind),
+            str(group),
             str(row["n"]),
-            fmt(row.get("model recall")),
-            fmt(row.get("model lead")),
-            "—" if best is None or not recalls[best] else f"{best} {fmt(recalls[best])}",
+            _fmt(row.get("model recall")),
+            _fmt(row.get("model lead")),
+            "—" if best is None or not recalls[best] else f"{best} {_fmt(recalls[best])}",
         )
+    return table
+
+
+def print_groups(console, report) -> None:
+    """Per collapse kind, cause and onset (sudden / develops), and per model family,
+    optimizer and data where the runs hold more than one."""
+    from collapse_guard.predictor.evaluation import COLLAPSE_GROUPINGS, SETUP_GROUPINGS
+
+    if "model" not in report.scorers:
+        return
+    frame = report.groups_frame()
+    for grouping in (*COLLAPSE_GROUPINGS, *SETUP_GROUPINGS):
+        present = set(frame.loc[frame["grouping"] == grouping, "group"])
+        if grouping in SETUP_GROUPINGS and len(present) < 2:
+            continue
+        title = f"per {grouping}, all sources: model at warn, each baseline at its own point"
+        console.print(_group_table(report, grouping, title))
+
+
+def holdout_table(holdout, title: str):
+    """Rich table: recall (median lead) per held-out group and scorer, and the mean."""
+    from rich import box
+    from rich.table import Table
+
+    recall, lead = holdout.wide("recall"), holdout.wide("median_lead")
+    fa = holdout.wide("fa_per_10k")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column(holdout.grouping)
+    for scorer in recall.columns:
+        table.add_column(scorer, justify="right")
+    for group in recall.index:
+        cells = []
+        for scorer in recall.columns:
+            r, lead_, fa_ = (f.loc[group, scorer] for f in (recall, lead, fa))
+            cells.append("—" if r != r else f"{r:.2f} ({_fmt(lead_)}) {_fmt(fa_, 2)}")
+        table.add_row(str(group), *cells, end_section=group == recall.index[-2])
     return table
 
 
@@ -235,33 +305,127 @@ def train_command(
         )
 
 
+def _fail(console, message: str) -> None:
+    # one line and exit code 2, as the other commands' bad input
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
 def evaluate_command(
     runs: Annotated[list[Path], _RUNS],
     model: Annotated[str | None, _MODEL] = None,
+    unseen_only: Annotated[
+        bool,
+        typer.Option(
+            help="Score only the runs the model never saw; its training and validation "
+            "runs among those given fit the learned baselines."
+        ),
+    ] = False,
+    include_seen: Annotated[
+        bool,
+        typer.Option(help="Also score the runs the model trained or validated on, apart."),
+    ] = False,
+    leave_one_out: Annotated[
+        str | None,
+        typer.Option(
+            help="Train without each model 'family' (or 'optimizer', 'data') and test on it; "
+            "--model is not used then."
+        ),
+    ] = None,
+    synthetic: Annotated[
+        bool, typer.Option(help="With --leave-one-out: train on synthetic runs too.")
+    ] = True,
+    budget: Annotated[
+        float, typer.Option(help="False alarms per 10k healthy steps of the ROC-like rows.")
+    ] = 1.0,
 ) -> None:
-    """Evaluate a model beside the baselines on run files, per source.
+    """Evaluate a model beside the baselines on runs it never saw, per source.
 
-    Evaluate on runs the model was not trained on: the bundled model saw the runs that
-    `python -m collapse_guard.predictor.bundle` made.
+    The headline is the model at its stored `warn` level (set on validation runs at
+    training). Runs the model trained or validated on (their ids are in the model) are
+    refused: pass --unseen-only to score the others, or --include-seen to see them apart.
     """
     from rich.console import Console
 
     from collapse_guard.predictor.baselines import default_baselines
     from collapse_guard.predictor.evaluation import evaluate_runs
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.seen_runs import SeenRuns
     from collapse_guard.predictor.training_data import load_runs
 
     console = Console()
-    risk_model = RiskModel.load(model)
+    if budget <= 0:
+        _fail(console, f"--budget must be a positive number of false alarms per 10k; got {budget}")
     records = load_runs(run_paths(runs))
-    console.log(f"{risk_model!r} on {len(records)} runs")
-    # no training runs here, so no config-only baseline: it must be fitted on other runs
-    report = evaluate_runs(records, risk_model, default_baselines(), horizon=risk_model.horizon)
-    print_report(console, report, f"model {risk_model.meta['version']}")
-    if report.by_kind and "model" in set(report.kinds_frame()["scorer"]):
-        for grouping in ("kind", "cause"):
-            title = f"per collapse {grouping}, all sources, at the same budget"
-            console.print(_kind_table(report, grouping, title))
+    if leave_one_out is not None:
+        _leave_one_out(console, records, leave_one_out, synthetic=synthetic, budget=budget)
+        return
+
+    from collapse_guard.predictor.risk import RiskModel
+
+    risk_model = RiskModel.load(model)
+    name = risk_model.meta["version"]
+    unseen, seen = SeenRuns.from_meta(risk_model.meta).partition(r.run_id for r in records)
+    n_seen = sum(len(v) for v in seen.values())
+    if n_seen and not (unseen_only or include_seen):
+        _fail(
+            console,
+            f"{n_seen} of the {len(records)} runs given were used to train ({len(seen['train'])}) "
+            f"or validate ({len(seen['validation'])}) model {name}: scoring it on them "
+            "overstates it. Fix: pass runs it never saw, or --unseen-only to score only "
+            "those, or --include-seen to see the seen ones apart",
+        )
+    by_id = {r.run_id: r for r in records}
+    test = [by_id[i] for i in unseen]
+    if not test:
+        _fail(
+            console,
+            f"all {len(records)} runs given were used to train or validate model {name}; "
+            "fix: pass runs it never saw (e.g. `collapse-guard data synth --seed 7`)",
+        )
+    train = [by_id[i] for i in seen["train"]]
+    validation = [by_id[i] for i in seen["validation"]]
+    console.log(f"{risk_model!r} on {len(test)} runs it never saw ({n_seen} seen runs set apart)")
+    horizon = risk_model.horizon
+    # the learned baselines need the model's own training and validation runs (not a test)
+    baselines = default_baselines(
+        train or None, validation or None, horizon=horizon, budget_per_10k=budget
+    )
+    report = evaluate_runs(test, risk_model, baselines, horizon=horizon, budget_per_10k=budget)
+    print_report(console, report, f"model {name}, unseen runs")
+    print_groups(console, report)
+    if include_seen and n_seen:
+        seen_report = evaluate_runs(
+            train + validation,
+            risk_model,
+            default_baselines(),
+            horizon=horizon,
+            budget_per_10k=budget,
+        )
+        print_report(
+            console, seen_report, f"NOT A TEST: model {name} on runs it trained or validated on"
+        )
+
+
+def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: float) -> None:
+    from collapse_guard.predictor.evaluation import SETUP_GROUPINGS, leave_one_group_out
+
+    if grouping not in SETUP_GROUPINGS:
+        _fail(
+            console,
+            f"--leave-one-out must be one of {', '.join(SETUP_GROUPINGS)}; got {grouping!r}",
+        )
+    try:
+        holdout = leave_one_group_out(
+            records, by=grouping, synthetic=synthetic, budget_per_10k=budget, progress=console.log
+        )
+    except ValueError as error:
+        _fail(console, str(error))
+    title = (
+        f"leave-one-{grouping}-out: recall (median lead) FA/10k on the held-out {grouping}; "
+        "model at its stored warn level, rules as they fire, tuned baselines at their "
+        "validation thresholds"
+    )
+    console.print(holdout_table(holdout, title))
 
 
 def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:

@@ -167,7 +167,14 @@ def train_risk_model(
     healthy_val = [r for r in by_split["validation"] if not r.collapsed]
     set_levels(model, healthy_val, budgets)
     _log(progress, f"levels {model.thresholds} ({time.perf_counter() - t0:.0f} s)")
-    baselines = default_baselines(by_split["train"], horizon=horizon, seed=seed)
+    # the learned baselines are tuned on the validation runs, as the model's levels are
+    baselines = default_baselines(
+        by_split["train"],
+        by_split["validation"],
+        horizon=horizon,
+        budget_per_10k=eval_budget_per_10k,
+        seed=seed,
+    )
     report = evaluate_runs(
         by_split["test"], model, baselines, budget_per_10k=eval_budget_per_10k, horizon=horizon
     )

@@ -78,7 +78,12 @@ def test_train_logs_registers_and_promotes(
     experiment = client.get_experiment_by_name("cli-train")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.data.tags["dataset_fingerprint"]
-    assert run.data.metrics["model/all/budget/recall"] >= 0
+    _, report, _ = trained(tmp_path_factory.getbasetemp())
+    # the headline (the stored warn level) and the ROC-like row, as the report has them
+    warn = report.result("model")
+    assert run.data.metrics["model/all/level_warn/recall"] == warn.events.recall
+    assert run.data.metrics["model/all/level_warn/fa_per_10k"] == warn.events.fa_per_10k
+    assert run.data.metrics["model/all/budget/recall"] == report.get("model")["recall"]
     assert any(k.startswith("dsi/") for k in run.data.metrics), "baselines logged beside"
     assert run.data.params["split.test"]
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
@@ -140,3 +145,59 @@ def test_evaluate_prints_the_model_beside_baselines(runs_dir):
     assert result.exit_code == 0, result.output
     for scorer in ("model", "dsi", "zclip", "olmo_zscore", "kill_spike"):
         assert scorer in result.output
+    assert "unseen runs" in result.output and "ROC-like" in result.output
+
+
+@pytest.fixture
+def own_model(tmp_path, tmp_path_factory):
+    """The session's model (trained on the ops runs), saved as a folder."""
+    model, _, splits = trained(tmp_path_factory.getbasetemp())
+    return str(model.save(tmp_path / "model")), splits
+
+
+def test_evaluate_refuses_the_runs_the_model_trained_on(runs_dir, own_model):
+    folder, splits = own_model
+    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), "--model", folder])
+    assert result.exit_code == 2
+    n_train, n_val = len(splits["train"]), len(splits["validation"])
+    assert f"{n_train + n_val} of the {len(list(runs_dir.glob('*.parquet')))} runs" in result.output
+    assert f"train ({n_train}) or validate ({n_val})" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_evaluate_unseen_only_scores_the_test_split(runs_dir, own_model):
+    folder, splits = own_model
+    args = ["evaluate", "--runs", str(runs_dir), "--model", folder, "--unseen-only"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"on {len(splits['test'])} runs it never saw" in " ".join(result.output.split())
+    # the learned baselines were fitted on the model's own training / validation runs
+    assert "config_only" in result.output and "attn_logit" in result.output
+    assert "NOT A TEST" not in result.output
+    seen = runner.invoke(app, [*args[:-1], "--include-seen"])
+    assert seen.exit_code == 0 and "NOT A TEST" in seen.output
+
+
+def test_evaluate_refuses_the_bundled_models_own_synthetic_runs(tmp_path):
+    """`data synth --seed 0` makes the bundled model's training runs again: refused by id."""
+    from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
+    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.seen_runs import SeenRuns
+
+    bundled = RiskModel.load()
+    seed = bundled.meta["bundle"]["seed"]
+    generate_synthetic_runs(4, tmp_path, seed=seed)
+    seen = SeenRuns.from_meta(bundled.meta)
+    ids = [p.stem for p in tmp_path.glob("*.parquet")]
+    assert any(seen.role_of(i) is not None for i in ids)  # 80% are trained or validated on
+    result = runner.invoke(app, ["evaluate", "--runs", str(tmp_path)])
+    assert result.exit_code == 2 and "were used to train" in result.output
+
+
+def test_evaluate_bad_leave_one_out_is_one_line(runs_dir):
+    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), "--leave-one-out", "colour"])
+    assert result.exit_code == 2
+    assert "--leave-one-out must be one of family, optimizer, data" in result.output
+    # the ops runs are all synthetic: nothing to hold out
+    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), "--leave-one-out", "family"])
+    assert result.exit_code == 2 and "at least two family values" in result.output

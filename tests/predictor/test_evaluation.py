@@ -16,14 +16,14 @@ from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.predictor.evaluation import (
     FAMILIES,
     HEALTHY_CONTROL,
-    UNKNOWN_KIND,
+    UNKNOWN,
     ScoredRun,
     evaluate_runs,
     event_metrics,
     family_lead_table,
     family_leads,
+    group_metrics,
     healthy_sequences,
-    kind_metrics,
     row_metrics,
     threshold_at_budget,
 )
@@ -51,17 +51,17 @@ def test_caught_lead_time_and_false_alarms_follow_the_definition():
     running = _collapsing([(700, 1_000)])  # starts too early, still on in the window
     healthy = _run(np.r_[np.zeros(100), np.ones(5), np.zeros(100), np.ones(3), np.zeros(792)])
     m = event_metrics([caught, too_late, early, running, healthy], 0.5, horizon=H)
-    assert (m["n_collapsed"], m["caught"]) == (4, 3)
-    assert sorted(m["lead_times"]) == [50, 100, 200]
-    assert m["median_lead"] == 100
-    assert m["false_alarms"] == 2 + 1 + 1  # healthy run's two episodes, early's, running's
-    assert m["healthy_steps"] == 1_000 + 4 * 800
-    assert math.isclose(m["fa_per_10k"], 1e4 * 4 / 4_200)
+    assert (m.n_collapsed, m.caught) == (4, 3)
+    assert sorted(m.lead_times) == [50, 100, 200]
+    assert m.median_lead == 100
+    assert m.false_alarms == 2 + 1 + 1  # healthy run's two episodes, early's, running's
+    assert m.healthy_steps == 1_000 + 4 * 800
+    assert math.isclose(m.fa_per_10k, 1e4 * 4 / 4_200)
 
 
 def test_alarms_after_onset_are_neither_caught_nor_false():
     m = event_metrics([_collapsing([(1_000, 1_100)])], 0.5)
-    assert (m["caught"], m["false_alarms"]) == (0, 0)
+    assert (m.caught, m.false_alarms) == (0, 0)
 
 
 def test_threshold_at_budget_keeps_false_alarms_within_budget():
@@ -70,56 +70,127 @@ def test_threshold_at_budget_keeps_false_alarms_within_budget():
     runs += [_run(np.r_[rng.random(1_000), np.linspace(1, 2, 100)], onset=1_100, run_id="c")]
     t = threshold_at_budget(runs, budget_per_10k=5.0)
     m = event_metrics(runs, t)
-    assert m["fa_per_10k"] <= 5.0 and m["caught"] == 1
+    assert m.fa_per_10k <= 5.0 and m.caught == 1
     seqs = healthy_sequences(runs)
     values = np.concatenate(seqs)
     lower = values[values < t].max()  # the next lower threshold that changes anything
-    assert episode_counts(seqs, np.array([lower]))[0] > 5.0 * m["healthy_steps"] / 1e4
+    assert episode_counts(seqs, np.array([lower]))[0] > 5.0 * m.healthy_steps / 1e4
 
 
 def test_row_metrics_of_a_perfect_scorer():
     s = np.r_[np.zeros(800), np.ones(200)]  # 1 exactly on the H steps before onset
     r = row_metrics([_run(s, onset=1_000), _run(np.zeros(500))], probabilistic=True)
-    assert r["pr_auc"] == 1.0 and r["roc_auc"] == 1.0 and r["brier"] == 0.0
+    assert r.pr_auc == 1.0 and r.roc_auc == 1.0 and r.brier == 0.0
+    # a constant 0.5 scores Brier 0.25 whatever the targets
+    half = row_metrics([_run(np.full(1_000, 0.5), onset=1_000)], probabilistic=True)
+    assert half.brier == 0.25
 
 
 def test_report_has_every_scorer_source_and_operating_point(trained):
-    _, report = trained
+    model, report = trained
     frame = report.to_frame()
-    assert set(frame["scorer"]) == {
-        "model",
-        "dsi",
-        "olmo_zscore",
-        "zclip",
-        "kill_spike",
-        "config_only",
-    }
-    points = set(frame.loc[frame.scorer == "model", "operating_point"])
-    assert points == {"budget", "level:watch", "level:warn", "level:critical"}
-    assert set(frame.loc[frame.scorer == "dsi", "operating_point"]) == {"budget", "native"}
+    rules = {"dsi", "olmo_zscore", "zclip", "kill_spike"}
+    learned = {"attn_logit", "attn_entropy", "config_only"}
+    assert set(frame["scorer"]) == {"model"} | rules | learned
+    points = frame.groupby("scorer")["operating_point"].agg(set)
+    assert points["model"] == {"budget", "level:watch", "level:warn", "level:critical"}
+    assert all(points[s] == {"budget", "native"} for s in rules | learned)
+    fitted = (
+        frame.set_index(["scorer", "operating_point"])["fitted_on"].groupby(level=[0, 1]).first()
+    )
+    assert fitted["model", "level:warn"] == "validation" and fitted["dsi", "native"] == "rule"
+    assert fitted["attn_logit", "native"] == "validation" and fitted["zclip", "budget"] == "test"
     assert set(frame["source"]) == {"all", "synthetic"}
-    # at its budget threshold a scorer stays within budget, unless +inf scores (a measured
-    # blow-up) alarm at any threshold
+    # the headline: the model at its stored warn level, the threshold it ships with
+    head = report.result("model")
+    assert head.operating_point == "level:warn" and head.threshold == model.thresholds["warn"]
+    assert report.result("dsi").operating_point == "native"
+    # at its ROC-like budget threshold a scorer stays within budget, unless +inf scores (a
+    # measured blow-up) alarm at any threshold
     budget_rows = frame[(frame.operating_point == "budget") & (frame.source == "all")]
     within = budget_rows["fa_per_10k"] <= report.budget_per_10k
     assert (within | np.isinf(budget_rows["threshold"])).all()
     assert within[budget_rows.scorer == "model"].all()
+    assert {c.level for c in report.budget_checks} == {"watch", "warn", "critical"}
     json.dumps(report.to_dict())  # serialisable as is
     metrics = report.to_metrics()
-    assert "model/all/budget/recall" in metrics
+    assert metrics["model/all/level_warn/recall"] == head.events.recall
     assert all(math.isfinite(v) for v in metrics.values())
-    assert report.get("model")["n_runs"] == report.get("dsi")["n_runs"] > 0
+    assert (
+        report.get("model")["n_runs"]
+        == report.get("dsi")["n_runs"]
+        == len(model.meta["split"]["test"])
+    )
 
 
-# --------------------------------------------------------------------------- per kind
+def _record(n, onset=None, extra=None, run_id="r", source="real", config=None, **columns):
+    frame = pd.DataFrame({"step": np.arange(n), **columns})
+    meta = RunMeta(
+        run_id=run_id, source=source, onset_step=onset, extra=extra or {}, config=config or {}
+    )
+    return RunRecord(frame, meta)
 
 
-def _kinded(alarm_steps, kind, cause, onset=1_000, run_id="c"):
-    run = _collapsing(alarm_steps, onset=onset)
-    return ScoredRun(run_id, "real", run.steps, run.scores, onset, kind=kind, cause=cause)
+def _alarm_at(n, first_alarm, onset, level=0.9):
+    s = np.zeros(n)
+    if first_alarm is not None:
+        s[first_alarm:onset] = level
+    return s
 
 
-def test_kind_metrics_split_recall_and_lead_by_kind_and_cause():
+class _Levels:
+    """A stand-in RiskModel: stored levels and budgets, scores given."""
+
+    def __init__(self) -> None:
+        self.horizon = 200
+        self.thresholds = {"watch": 0.3, "warn": 0.6, "critical": 0.95}
+        self.budgets = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
+
+
+def test_headline_is_the_stored_level_and_budget_rows_are_fitted_per_source():
+    # two sources: real collapses are caught at 0.9 from 150 steps ahead; synthetic healthy
+    # runs carry a false alarm at 0.7 (over warn) and one at 0.4 (over watch only)
+    n, onset = 1_000, 800
+    runs, scores = [], []
+    for i in range(4):
+        runs.append(_record(n, onset, {"collapse_kind": "loss_rise"}, f"c{i}", loss=_wiggle(n)))
+        scores.append(_alarm_at(n, onset - 150, onset))
+    for i in range(4):
+        runs.append(_record(n, run_id=f"h{i}", source="synthetic", loss=_wiggle(n)))
+        s = np.zeros(n)
+        s[100:105], s[500:510] = 0.7, 0.4
+        scores.append(s)
+    report = evaluate_runs(runs, _Levels(), model_scores=scores)
+    warn = report.result("model", "all")
+    assert (warn.operating_point, warn.fitted_on, warn.threshold) == (
+        "level:warn",
+        "validation",
+        0.6,
+    )
+    assert (warn.events.caught, warn.events.median_lead, warn.events.false_alarms) == (4, 150, 4)
+    # healthy steps: 4 x 600 before onset - H on the collapsing runs, 4 x 1000 healthy
+    assert warn.events.healthy_steps == 6_400
+    # budget rows: the synthetic source's own threshold must silence its two episodes
+    # (4,000 healthy steps allow 0.4 false alarms at 1/10k): just above 0.7
+    synthetic = report.result("model", "synthetic", "budget")
+    assert synthetic.fitted_on == "test" and synthetic.threshold == np.nextafter(0.7, 1)
+    real = report.result("model", "real", "budget")
+    # real healthy steps all score 0: its threshold sits just above 0, and catches all
+    assert real.threshold == np.nextafter(0.0, 1) and real.events.recall == 1.0
+    checks = {(c.source, c.level): c for c in report.budget_checks}
+    # warn: 4 false alarms on 4,000 synthetic healthy steps = 10/10k against a budget of 1
+    assert (
+        checks["synthetic", "warn"].fa_per_10k == 10.0
+        and checks["synthetic", "warn"].holds is False
+    )
+    # watch: 8 episodes (0.7 and 0.4 both over 0.3) = 20/10k against 10: exactly 2x holds
+    assert checks["synthetic", "watch"].false_alarms == 8 and checks["synthetic", "watch"].holds
+    # real runs: 2,400 healthy steps, no false alarm, and a budget that allows 0.24: too few
+    assert checks["real", "warn"].holds is None
+    assert report.budget_frame().shape[0] == 9  # 3 levels x (all, real, synthetic)
+
+
+def test_group_metrics_split_recall_and_lead_by_kind_and_cause():
     runs = [
         _kinded([(900, 1_000)], "loss_rise", "entropy_collapse"),  # caught, lead 100
         _kinded([(950, 1_000)], "loss_rise", "fault_lr_jump"),  # caught, lead 50
@@ -129,84 +200,94 @@ def test_kind_metrics_split_recall_and_lead_by_kind_and_cause():
         _kinded([(900, 1_000)], None, None),  # a collapse whose metadata names no kind
         _run(np.r_[np.zeros(100), np.ones(5), np.zeros(900)]),  # healthy: not counted
     ]
-    by_kind = {r["kind"]: r for r in kind_metrics(runs, 0.5, by="kind")}
-    assert list(by_kind) == ["loss_rise", "nonfinite", UNKNOWN_KIND]
+    by_kind = {g.group: g.events for g in group_metrics(runs, 0.5, by="kind")}
+    assert list(by_kind) == ["loss_rise", "nonfinite", UNKNOWN]
     loss_rise = by_kind["loss_rise"]
-    assert (loss_rise["n_collapsed"], loss_rise["caught"]) == (3, 2)
-    assert math.isclose(loss_rise["recall"], 2 / 3) and loss_rise["median_lead"] == 75
+    assert (loss_rise.n_collapsed, loss_rise.caught) == (3, 2)
+    assert math.isclose(loss_rise.recall, 2 / 3) and loss_rise.median_lead == 75
     nonfinite = by_kind["nonfinite"]
-    assert (nonfinite["caught"], nonfinite["recall"], nonfinite["median_lead"]) == (1, 0.5, 20)
-    assert by_kind[UNKNOWN_KIND]["recall"] == 1.0
-    by_cause = {r["kind"]: r for r in kind_metrics(runs, 0.5, by="cause")}
-    assert {k: (r["n_collapsed"], r["caught"]) for k, r in by_cause.items()} == {
+    assert (nonfinite.caught, nonfinite.recall, nonfinite.median_lead) == (1, 0.5, 20)
+    assert by_kind[UNKNOWN].recall == 1.0
+    by_cause = {g.group: g.events for g in group_metrics(runs, 0.5, by="cause")}
+    assert {k: (e.n_collapsed, e.caught) for k, e in by_cause.items()} == {
         "divergence": (2, 1),
         "entropy_collapse": (2, 1),
         "fault_lr_jump": (1, 1),
-        UNKNOWN_KIND: (1, 1),
+        UNKNOWN: (1, 1),
     }
-    assert all(r["grouping"] == "cause" for r in by_cause.values())
     # the kinds add up to the whole
     whole = event_metrics(runs, 0.5)
-    assert sum(r["caught"] for r in by_kind.values()) == whole["caught"]
-    assert sum(r["n_collapsed"] for r in by_kind.values()) == whole["n_collapsed"]
+    assert sum(e.caught for e in by_kind.values()) == whole.caught
+    assert sum(e.n_collapsed for e in by_kind.values()) == whole.n_collapsed
 
 
-def _record(n, onset=None, extra=None, run_id="r", source="real", **columns):
-    frame = pd.DataFrame({"step": np.arange(n), **columns})
-    meta = RunMeta(run_id=run_id, source=source, onset_step=onset, extra=extra or {})
-    return RunRecord(frame, meta)
+def _kinded(alarm_steps, kind, cause, onset=1_000, run_id="c", onset_kind=None):
+    run = _collapsing(alarm_steps, onset=onset)
+    groups = {"kind": kind, "cause": cause, "onset": onset_kind}
+    return ScoredRun(run_id, "real", run.steps, run.scores, onset, groups)
 
 
 def _kind_report():
     """Three collapses (leads 100, missed, 50) and three healthy runs, scored as "model"."""
     n = 1_000
     records, scores = [], []
-    for i, (kind, cause, first_alarm) in enumerate(
-        [
-            ("loss_rise", "entropy_collapse", 700),  # lead 100
-            ("loss_rise", "fault_lr_jump", None),  # missed
-            ("grad_collapse", "grad_collapse", 750),  # lead 50
-        ]
-    ):
+    cases = [
+        ("loss_rise", "entropy_collapse", "develops", "gpt", 700),  # lead 100
+        ("loss_rise", "fault_lr_jump", "sudden", "mha", None),  # missed
+        ("grad_collapse", "grad_collapse", None, None, 750),  # lead 50; a family-less real run
+    ]
+    for i, (kind, cause, onset_kind, family, first_alarm) in enumerate(cases):
         extra = {"collapse_kind": kind, "collapse_cause": cause}
-        records.append(_record(n, onset=800, extra=extra, run_id=f"c{i}", loss=_wiggle(n)))
-        s = np.zeros(n)
-        if first_alarm is not None:
-            s[first_alarm:800] = 0.9
-        scores.append(s)
+        if onset_kind:
+            extra["onset_kind"] = onset_kind
+        config = {"family": family} if family else {}
+        records.append(_record(n, 800, extra, f"c{i}", config=config, loss=_wiggle(n)))
+        scores.append(_alarm_at(n, first_alarm, 800))
     for i in range(3):
-        records.append(_record(n, extra={"collapse_kind": None}, run_id=f"h{i}", loss=_wiggle(n)))
+        records.append(_record(n, run_id=f"h{i}", config={"family": "mha"}, loss=_wiggle(n)))
         scores.append(np.zeros(n))
     return records, evaluate_runs(records, model_scores=scores)
 
 
-def test_report_by_kind_at_the_same_thresholds_and_backward_compatible():
+def test_report_by_group_at_the_same_thresholds():
     _, report = _kind_report()
-    assert list(report.to_frame().columns)[:4] == [
-        "scorer",
-        "source",
-        "operating_point",
-        "threshold",
-    ]
-    kinds = report.kind_table("kind")
+    kinds = report.group_table("kind")
     assert list(kinds.index) == ["grad_collapse", "loss_rise"]
     assert kinds.loc["loss_rise", "n"] == 2 and kinds.loc["loss_rise", "model recall"] == 0.5
     assert kinds.loc["loss_rise", "model lead"] == 100
     assert kinds.loc["grad_collapse", "model lead"] == 50
-    causes = report.kind_table("cause", source="real")
+    causes = report.group_table("cause", source="real")
     assert causes["model recall"].to_dict() == {
         "entropy_collapse": 1.0,
         "fault_lr_jump": 0.0,
         "grad_collapse": 1.0,
     }
-    frame = report.kinds_frame()
+    # sudden collapses apart from those that develop; a run that does not say is unknown
+    onset = report.group_table("onset")["model recall"].to_dict()
+    assert onset == {"develops": 1.0, "sudden": 0.0, UNKNOWN: 1.0}
+    # model families: a real run without one is gpt; healthy runs count in their family
+    family = report.group_table("family")
+    assert family["n"].to_dict() == {"gpt": 2, "mha": 4}
+    assert family["model recall"].to_dict() == {"gpt": 1.0, "mha": 0.0}
+    frame = report.groups_frame()
     budget = report.get("model")["threshold"]
     assert (frame.loc[frame.operating_point == "budget", "threshold"] == budget).all()
-    assert json.loads(json.dumps(report.to_dict()))["by_kind"]
+    assert json.loads(json.dumps(report.to_dict()))["groups"]
     metrics = report.to_metrics()
     assert metrics["model/all/budget/kind/loss_rise/recall"] == 0.5
     assert metrics["model/all/budget/cause/fault_lr_jump/n_collapsed"] == 1
-    assert "model/all/budget/recall" in metrics  # the old keys stay
+
+
+def test_feature_gain_table_lists_the_top_features(trained):
+    from collapse_guard.predictor.evaluation import feature_gain_table
+
+    model, _ = trained
+    table = feature_gain_table(model, k=5)
+    gain = model.booster.feature_importance("gain")
+    assert len(table) == 5 and table["gain"].iloc[0] == gain.max()
+    assert table["gain"].is_monotonic_decreasing
+    assert math.isclose(table["share"].iloc[0], gain.max() / gain.sum())
+    assert (table["signal"] == table["feature"].str.split("__").str[0]).all()
 
 
 # --------------------------------------------------------------------------- family lead

@@ -1,0 +1,67 @@
+"""Leave-one-family-out on synthetic runs relabelled as real runs of two model families."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from conftest import FAST_PARAMS
+
+from collapse_guard.predictor.evaluation import leave_one_group_out
+from collapse_guard.predictor.training_data import RunRecord
+
+
+def _as_family(record: RunRecord, family: str | None) -> RunRecord:
+    if family is None:
+        return record  # stays synthetic: no family, always trained on
+    meta = dataclasses.replace(record.meta, source="real", config={"family": family})
+    return RunRecord(record.frame, meta, record.path)
+
+
+@pytest.fixture(scope="module")
+def families(run_records):
+    names = (None, "gpt", "rope_swiglu")
+    return [_as_family(r, names[i % 3]) for i, r in enumerate(run_records)]
+
+
+@pytest.fixture(scope="module")
+def holdout(families):
+    return leave_one_group_out(families, by="family", stride=25, params=FAST_PARAMS)
+
+
+def test_each_family_is_tested_on_a_model_that_never_saw_it(families, holdout):
+    by_family = {}
+    for r in families:
+        by_family.setdefault(r.meta.config.get("family", "synthetic"), set()).add(r.run_id)
+    assert [f.group for f in holdout.folds] == ["gpt", "rope_swiglu"]
+    for fold in holdout.folds:
+        test, seen = set(fold.test_ids), set(fold.train_ids) | set(fold.validation_ids)
+        assert test == by_family[fold.group]
+        assert not test & seen
+        assert by_family["synthetic"] <= seen  # synthetic runs are always trained on
+        other = next(f for f in by_family if f not in (fold.group, "synthetic"))
+        assert by_family[other] <= seen
+        assert fold.report.result("model").operating_point == "level:warn"
+
+
+def test_the_table_has_each_family_and_the_unweighted_mean(holdout):
+    frame = holdout.frame()
+    model = frame[frame["scorer"] == "model"].set_index("group")
+    assert list(model.index) == ["gpt", "rope_swiglu", "mean"]
+    recalls = [f.report.result("model").events.recall for f in holdout.folds]
+    assert math.isclose(model.loc["mean", "recall"], sum(recalls) / 2)
+    assert model.loc["mean", "caught"] == sum(
+        f.report.result("model").events.caught for f in holdout.folds
+    )
+    assert {"dsi", "olmo_zscore", "attn_logit", "config_only"} <= set(frame["scorer"])
+    wide = holdout.wide("recall")
+    assert list(wide.index) == ["gpt", "rope_swiglu", "mean"] and wide.columns[0] == "model"
+
+
+def test_without_synthetic_runs_or_with_one_family_only(families):
+    real = [r for r in families if r.meta.source == "real"]
+    with pytest.raises(ValueError, match="at least two family values"):
+        leave_one_group_out([r for r in real if r.meta.config["family"] == "gpt"])
+    with pytest.raises(ValueError, match="one of"):
+        leave_one_group_out(families, by="colour")
