@@ -13,6 +13,7 @@ import typer
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
+from collapse_guard.service.cli import serve_command
 
 __all__ = ["app"]
 
@@ -30,6 +31,7 @@ app.command(name="predict", help="Score one run and plot its risk.")(predict_com
 app.command(
     name="demo", help="Train a small model with the probe; the bundled model scores it live."
 )(demo)
+app.command(name="serve", help="Serve collapse risk over HTTP (BentoML).")(serve_command)
 
 
 if __name__ == "__main__":

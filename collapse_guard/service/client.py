@@ -1,0 +1,238 @@
+"""RiskClient: ask a running risk service for the collapse risk of training runs.
+
+>>> from collapse_guard.service import RiskClient
+>>> with RiskClient("http://127.0.0.1:3000", token=None, timeout=2.0) as client:
+...     result = client.risk(frame, run_id="run-7")        # frame: step + signal columns
+...     result.probability, result.level, result.model_version
+...     results = client.risk_many({"a": frame_a, "b": arrays_b}, arrow=True)
+
+A run is a pandas frame of its recent steps (a ``step`` column plus signal columns, as
+the probe's records or a run file give them; ``event`` is dropped) or a dict of arrays
+with the same keys. One ``httpx.Client`` is kept open, so calls reuse the connection.
+Failures come as one small hierarchy (after httpx's own): :class:`ServiceUnavailable`
+(cannot connect, connection lost, 5xx), :class:`ServiceTimeout`, and
+:class:`RequestRejected` (a 4xx, with the server's message), all
+:class:`RiskServiceError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+from pydantic import BaseModel
+
+from collapse_guard.service.arrow_codec import ARROW_TYPE, RawRun, encode_runs
+from collapse_guard.service.wire import (
+    ExplainResponse,
+    ModelInfo,
+    ReloadResponse,
+    RiskResponse,
+    RiskResult,
+)
+
+__all__ = [
+    "RequestRejected",
+    "RiskClient",
+    "RiskServiceError",
+    "ServiceTimeout",
+    "ServiceUnavailable",
+    "as_raw_run",
+]
+
+_NOT_SIGNALS = frozenset({"step", "steps", "event"})
+M = TypeVar("M", bound=BaseModel)
+
+
+class RiskServiceError(Exception):
+    """Base of every error the client raises."""
+
+
+class ServiceUnavailable(RiskServiceError):
+    """The service cannot be reached, dropped the connection, or failed (5xx)."""
+
+
+class ServiceTimeout(RiskServiceError):
+    """No answer within the client's timeout."""
+
+
+class RequestRejected(RiskServiceError):
+    """The service refused the request (4xx); ``message`` is its explanation."""
+
+    def __init__(self, status: int, message: str, body: Mapping[str, Any] | None = None):
+        self.status, self.message, self.body = status, message, dict(body or {})
+        self.field = self.body.get("field")
+        super().__init__(f"HTTP {status}: {message}")
+
+
+def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None = None) -> RawRun:
+    """A frame (``step`` + signal columns) or a dict of arrays as a :class:`RawRun`."""
+    if hasattr(run, "columns") and hasattr(run, "to_numpy"):  # a pandas DataFrame
+        if "step" not in run.columns:
+            raise ValueError(
+                f"run {run_id!r}: expected a 'step' column plus signal columns; got "
+                f"{list(run.columns)[:10]}; add the step counter (frame.reset_index())"
+            )
+        columns = {str(c): run[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in run.columns}
+        steps = run["step"].to_numpy()
+    elif isinstance(run, Mapping):
+        key = "step" if "step" in run else "steps"
+        if key not in run:
+            raise ValueError(
+                f"run {run_id!r}: expected a 'step' array plus one array per signal; got "
+                f"keys {sorted(run)[:10]}"
+            )
+        steps = np.asarray(run[key])
+        columns = {str(k): np.asarray(v, dtype=np.float64) for k, v in run.items()}
+    else:
+        raise TypeError(
+            f"run {run_id!r}: expected a pandas DataFrame or a dict of arrays; got "
+            f"{type(run).__name__}"
+        )
+    signals = {k: v for k, v in columns.items() if k not in _NOT_SIGNALS}
+    return RawRun(run_id, np.asarray(steps, dtype=np.int64), signals, context)
+
+
+def _json_body(runs: Sequence[RawRun], top_k: int) -> bytes:
+    # json writes NaN/Infinity as bare literals, which the service reads (wire.py)
+    items = []
+    for r in runs:
+        item: dict[str, Any] = {
+            "run_id": r.run_id,
+            "steps": r.steps.tolist(),
+            "signals": {k: np.asarray(v).tolist() for k, v in r.columns.items()},
+        }
+        if r.context:
+            item["context"] = dict(r.context)
+        items.append(item)
+    return json.dumps({"runs": items, "top_k": top_k}).encode()
+
+
+class RiskClient:
+    """Client of one risk service.
+
+    Args:
+        url: the service's base URL, e.g. ``http://127.0.0.1:3000``.
+        token: the bearer token when the service has ``COLLAPSE_GUARD_TOKEN`` set.
+        timeout: seconds (or an ``httpx.Timeout``) for connecting and for each answer.
+        top_k: contributing features per answer (0: none, a little faster).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float | httpx.Timeout = 5.0,
+        *,
+        top_k: int = 5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.top_k = top_k
+        self._http = httpx.Client(
+            base_url=url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # ---------------------------------------------------------------- scoring
+    def risk(
+        self,
+        run: Any,
+        run_id: str = "run",
+        context: Mapping[str, float | None] | None = None,
+    ) -> RiskResult:
+        """The risk of one run (frame or dict of arrays) at its last step."""
+        return self.risk_many({run_id: run}, {run_id: context} if context else None)[0]
+
+    def risk_many(
+        self,
+        runs: Mapping[str, Any],
+        contexts: Mapping[str, Mapping[str, float | None]] | None = None,
+        *,
+        arrow: bool = False,
+    ) -> list[RiskResult]:
+        """The risk of many runs (run id -> frame or dict of arrays), in order.
+
+        ``arrow=True`` sends an Arrow IPC stream: fewer bytes, far cheaper to parse.
+        """
+        raw = [as_raw_run(run, rid, (contexts or {}).get(rid)) for rid, run in runs.items()]
+        if arrow:
+            response = self._send(
+                "POST",
+                "/risk",
+                content=encode_runs(raw),
+                headers={"Content-Type": ARROW_TYPE},
+                params={"top_k": self.top_k},
+            )
+        else:
+            response = self._send_json("/risk", _json_body(raw, self.top_k))
+        return _parse(response, RiskResponse).results
+
+    def explain(
+        self, run: Any, run_id: str = "run", context: Mapping[str, float | None] | None = None
+    ) -> ExplainResponse:
+        """Every feature's contribution for one run's window, grouped by signal."""
+        body = _json_body([as_raw_run(run, run_id, context)], 0)
+        return _parse(self._send_json("/explain", body), ExplainResponse)
+
+    # ------------------------------------------------------------------ admin
+    def model_info(self) -> ModelInfo:
+        return _parse(self._send("GET", "/model"), ModelInfo)
+
+    def reload(self, source: str | None = None) -> ReloadResponse:
+        """Ask the service to load ``source`` (default: its start-up source) and swap it in."""
+        body = json.dumps({"source": source} if source else {}).encode()
+        return _parse(self._send_json("/reload", body), ReloadResponse)
+
+    def ready(self) -> bool:
+        """True when the service answers its readiness probe."""
+        try:
+            return self._send("GET", "/readyz").status_code == 200
+        except RiskServiceError:
+            return False
+
+    # -------------------------------------------------------------- transport
+    def _send_json(self, path: str, body: bytes) -> httpx.Response:
+        return self._send("POST", path, content=body, headers={"Content-Type": "application/json"})
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        with _mapped_errors(str(self._http.base_url)):
+            response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 500:
+            raise ServiceUnavailable(
+                f"{self._http.base_url} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"error": response.text[:300]}
+            body = body if isinstance(body, dict) else {"error": str(body)}
+            raise RequestRejected(response.status_code, str(body.get("error")), body)
+        return response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RiskClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def _mapped_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except httpx.TimeoutException as error:
+        raise ServiceTimeout(f"{url}: no answer in time ({type(error).__name__})") from error
+    except httpx.TransportError as error:
+        raise ServiceUnavailable(f"{url}: {type(error).__name__}: {error}") from error
+
+
+def _parse(response: httpx.Response, model: type[M]) -> M:
+    return model.model_validate_json(response.content)

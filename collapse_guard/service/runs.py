@@ -1,0 +1,168 @@
+"""Checked run windows: what the scoring code receives, whatever the wire format.
+
+JSON (:func:`from_json_run`) and Arrow (:mod:`collapse_guard.service.arrow_codec`) both
+end in :func:`check_window`, so a window is held to the same rules, with the same
+messages, however it arrived. Signal names are the canonical ones
+(:data:`collapse_guard.signals.SIGNAL_NAMES`): a canonical signal the model does not
+read is accepted and ignored (the probe sends them all); any other name is rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from collapse_guard.service.errors import BadRequest
+from collapse_guard.service.limits import Limits
+from collapse_guard.service.wire import Run
+from collapse_guard.signals import SIGNAL_NAMES
+
+__all__ = ["RunWindow", "check_batch_size", "check_window", "from_json_run"]
+
+_KNOWN = frozenset(SIGNAL_NAMES)
+
+
+@dataclass(frozen=True)
+class RunWindow:
+    """One run's window: int64 steps, float64 columns (model signals only), context."""
+
+    run_id: str
+    steps: np.ndarray
+    columns: dict[str, np.ndarray]
+    context: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.steps[-1])
+
+    def frame(self) -> pd.DataFrame:
+        """``step`` plus the signal columns, as ``RiskModel`` reads a run."""
+        return pd.DataFrame({"step": self.steps, **self.columns}, copy=False)
+
+
+def check_batch_size(n_runs: int, limits: Limits, where: str = "runs") -> None:
+    """BadRequest unless 1 <= n_runs <= limits.max_runs."""
+    if n_runs < 1:
+        raise BadRequest(where, "no runs", "at least one run", "add a run to the request")
+    if n_runs > limits.max_runs:
+        raise BadRequest(
+            where,
+            f"{n_runs} runs",
+            f"at most {limits.max_runs} runs per request",
+            "split the batch into several requests",
+        )
+
+
+def check_window(
+    where: str,
+    run_id: str,
+    steps: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    context: Mapping[str, float | None] | None,
+    *,
+    signals: Sequence[str],
+    context_fields: Sequence[str],
+    limits: Limits,
+) -> RunWindow:
+    """Check one window against the model's signals and context fields and the limits.
+
+    ``where`` prefixes field names in errors (``runs[3]``). Returns the model's signal
+    columns only, each float64 of the steps' length.
+    """
+    n = len(steps)
+    if n < 1:
+        raise BadRequest(f"{where}.steps", "no steps", "at least one step", "send the window")
+    if n > limits.max_steps:
+        raise BadRequest(
+            f"{where}.steps",
+            f"{n} steps",
+            f"at most {limits.max_steps} steps per run",
+            "send the last steps only (the model reads the last window of them)",
+        )
+    steps = _check_steps(f"{where}.steps", steps)
+    unknown = sorted(set(columns) - _KNOWN)
+    if unknown:
+        raise BadRequest(
+            f"{where}.signals.{unknown[0]}",
+            f"unknown signal name{'s' if len(unknown) > 1 else ''} {unknown}",
+            f"canonical names: {', '.join(SIGNAL_NAMES)}",
+            "rename the column (the probe's record keys are the canonical names)",
+        )
+    out: dict[str, np.ndarray] = {}
+    for name in signals:
+        if name not in columns:
+            continue
+        values = np.asarray(columns[name], dtype=np.float64)
+        if len(values) != n:
+            raise BadRequest(
+                f"{where}.signals.{name}",
+                f"{len(values)} values for {n} steps",
+                "one value per step (null where not measured)",
+                "pad the column with null to the length of steps",
+            )
+        out[name] = values
+    return RunWindow(run_id, steps, out, _check_context(where, context, context_fields))
+
+
+def from_json_run(
+    where: str, run: Run, *, signals: Sequence[str], context_fields: Sequence[str], limits: Limits
+) -> RunWindow:
+    """A checked window from a validated JSON run."""
+    # lengths first: a column of the wrong length must not cost a conversion
+    n = len(run.steps)
+    for name, values in run.signals.items():
+        if name in _KNOWN and len(values) != n:
+            raise BadRequest(
+                f"{where}.signals.{name}",
+                f"{len(values)} values for {n} steps",
+                "one value per step (null where not measured)",
+                "pad the column with null to the length of steps",
+            )
+    return check_window(
+        where,
+        run.run_id,
+        run.steps,  # type: ignore[arg-type]
+        run.signals,  # type: ignore[arg-type]
+        run.context,
+        signals=signals,
+        context_fields=context_fields,
+        limits=limits,
+    )
+
+
+def _check_steps(where: str, steps: np.ndarray) -> np.ndarray:
+    steps = np.asarray(steps)
+    if steps.dtype.kind not in "iu":
+        raise BadRequest(where, f"values of type {steps.dtype}", "whole numbers", "send integers")
+    steps = steps.astype(np.int64, copy=False)
+    bad = np.flatnonzero(np.diff(steps) <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise BadRequest(
+            f"{where}[{i + 1}]",
+            f"step {int(steps[i + 1])} after step {int(steps[i])}",
+            "strictly increasing steps (one row per step)",
+            "sort the rows by step and drop duplicate steps",
+        )
+    return steps
+
+
+def _check_context(
+    where: str, context: Mapping[str, float | None] | None, fields: Sequence[str]
+) -> dict[str, float]:
+    if not context:
+        return {}
+    unknown = sorted(set(context) - set(fields))
+    if unknown:
+        known = ", ".join(fields) if fields else "none (this model reads no context)"
+        raise BadRequest(
+            f"{where}.context.{unknown[0]}",
+            f"unknown context field{'s' if len(unknown) > 1 else ''} {unknown}",
+            f"the model's context fields: {known}",
+            "drop or rename them (GET /model lists schema.context)",
+        )
+    # null = not known: left out, so the feature is NaN exactly as for an absent key
+    return {k: float(v) for k, v in context.items() if v is not None}

@@ -1,0 +1,243 @@
+"""The risk service: a BentoML 1.4 service whose routes are a mounted FastAPI app.
+
+    collapse-guard serve --model models:/collapse-predictor@champion --workers 2
+    COLLAPSE_GUARD_MODEL=... bentoml serve collapse_guard.service.service:RiskService
+
+Routes: ``POST /risk`` (JSON or Arrow), ``POST /explain``, ``GET /model``,
+``POST /reload``, and BentoML's ``/livez``, ``/readyz``, ``/metrics``, ``/docs.json``.
+The routes are FastAPI class views rather than ``@bentoml.api`` methods because
+``/risk`` must choose its parser by Content-Type (BentoML's API methods parse every
+body as JSON) and every bad input must answer with our own message (BentoML answers
+validation errors with pydantic's list). BentoML still runs the server, the workers,
+its health routes, metrics and OpenAPI document (the mounted routes are merged in).
+
+Environment (read by every worker):
+
+=============================  ==============================================================
+``COLLAPSE_GUARD_MODEL``       model source: ``default`` (bundled), a folder, ``models:/...``
+``COLLAPSE_GUARD_TOKEN``       bearer token for every route but the health probes
+``COLLAPSE_GUARD_POLL``        seconds between checks of a models:/ alias (0: off)
+``COLLAPSE_GUARD_WORKERS``     worker processes (read when this module is imported)
+``COLLAPSE_GUARD_MAX_*``       limits (limits.py)
+=============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before lightgbm is imported: spinning OpenMP threads stall a busy machine (STACK.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import json
+from collections.abc import Awaitable, Callable
+
+import anyio
+import bentoml
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from collapse_guard.service.arrow_codec import ARROW_TYPE, decode_runs
+from collapse_guard.service.auth import BearerAuth
+from collapse_guard.service.body_limit import BodyLimit
+from collapse_guard.service.errors import BadRequest, from_validation
+from collapse_guard.service.limits import Limits
+from collapse_guard.service.metrics import metrics
+from collapse_guard.service.model_state import (
+    ModelHolder,
+    ModelLoadError,
+    ReloadBusy,
+    Serving,
+    load_serving,
+)
+from collapse_guard.service.openapi import ERROR_RESPONSES, body_of
+from collapse_guard.service.reload_channel import Follower, ReloadChannel
+from collapse_guard.service.runs import RunWindow, check_batch_size, from_json_run
+from collapse_guard.service.wire import (
+    ExplainResponse,
+    ModelInfo,
+    ReloadRequest,
+    ReloadResponse,
+    RiskRequest,
+    RiskResponse,
+)
+
+__all__ = ["MODEL_ENV", "POLL_ENV", "WORKERS_ENV", "RiskService", "app"]
+
+MODEL_ENV = "COLLAPSE_GUARD_MODEL"
+POLL_ENV = "COLLAPSE_GUARD_POLL"
+WORKERS_ENV = "COLLAPSE_GUARD_WORKERS"
+
+# docs routes off: BentoML serves the OpenAPI document (/docs.json) and Swagger UI (/)
+app = FastAPI(title="collapse-guard risk service", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _top_k(raw: str | None, limits: Limits, field: str) -> int:
+    try:
+        value = int(raw) if raw is not None else 5
+    except ValueError:
+        value = -1
+    if not 0 <= value <= limits.max_top_k:
+        raise BadRequest(
+            field, f"{raw!r}", f"a whole number 0..{limits.max_top_k}", "send e.g. top_k=5"
+        )
+    return value
+
+
+def _parse_json(body: bytes, model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as error:
+        raise from_validation(error) from None
+
+
+@bentoml.service(workers=int(os.environ.get(WORKERS_ENV) or 1), traffic={"timeout": 60})
+@bentoml.asgi_app(app, path="/")
+class RiskService:
+    """Collapse risk for the signal windows of many training runs (collapse-guard)."""
+
+    def __init__(self) -> None:
+        self.limits = Limits.from_env()
+        self.channel = ReloadChannel()
+        latest = self.channel.read()
+        # a worker (re)started after a reload serves what the others serve
+        self.holder = ModelHolder(load_serving(latest[1] if latest else os.environ.get(MODEL_ENV)))
+        self.metrics = metrics()
+        self.metrics.serving(self.holder.current.scorer.name, self.holder.current.version)
+        poll = float(os.environ.get(POLL_ENV) or 0)
+        self.follower = Follower(self.holder, self.channel, poll_seconds=poll)
+        self.follower.start()
+
+    @bentoml.on_shutdown
+    def shutdown(self) -> None:
+        self.follower.stop()
+
+    # ----------------------------------------------------------------- routes
+    @app.post(
+        "/risk",
+        response_model=RiskResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra=body_of(RiskRequest),
+        summary="Risk of collapse for a batch of runs (JSON or Arrow IPC stream)",
+    )
+    async def risk(self, request: Request) -> Response:
+        async def work() -> RiskResponse:
+            serving = self.holder.current  # one model for the whole answer
+            windows, top_k = await self._windows(request, serving)
+            results = serving.scorer.score(windows, top_k)
+            self.metrics.scored(serving.version, [r.level for r in results])
+            return RiskResponse(results=results)
+
+        return await self._answer("/risk", work)
+
+    @app.post(
+        "/explain",
+        response_model=ExplainResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra=body_of(RiskRequest),
+        summary="Every feature's contribution for one window (a /risk body with one run)",
+    )
+    async def explain(self, request: Request) -> Response:
+        async def work() -> ExplainResponse:
+            serving = self.holder.current
+            windows, _ = await self._windows(request, serving)
+            if len(windows) != 1:
+                raise BadRequest(
+                    "runs", f"{len(windows)} runs", "exactly one run", "explain one run a time"
+                )
+            return serving.scorer.explain(windows[0])
+
+        return await self._answer("/explain", work)
+
+    @app.get("/model", response_model=ModelInfo, responses=ERROR_RESPONSES)
+    async def model(self) -> Response:
+        async def work() -> ModelInfo:
+            return self.holder.current.info
+
+        return await self._answer("/model", work)
+
+    @app.post(
+        "/reload",
+        response_model=ReloadResponse,
+        responses={
+            **ERROR_RESPONSES,
+            409: {**ERROR_RESPONSES[400], "description": "Not loaded; the old model serves."},
+        },
+        openapi_extra=body_of(ReloadRequest, arrow=False),
+        summary="Load a model (default: the start-up source again), check it, swap it in",
+    )
+    async def reload(self, request: Request) -> Response:
+        async def work() -> ReloadResponse:
+            body = await request.body()
+            source = _parse_json(body, ReloadRequest).source  # type: ignore[attr-defined]
+            try:
+                new, previous, seconds = await anyio.to_thread.run_sync(self.holder.reload, source)
+            except (ModelLoadError, ReloadBusy) as error:
+                outcome = "busy" if isinstance(error, ReloadBusy) else "failed"
+                self.metrics.reloads.labels(outcome=outcome).inc()
+                current = self.holder.current
+                raise BadRequest(
+                    "source",
+                    str(error),
+                    "a model that loads and scores the known window correctly",
+                    f"fix the source and reload again; version {current.version} "
+                    f"({current.source}) keeps serving",
+                    status=409,
+                ) from None
+            self.follower.mark_seen(self.channel.publish(new.source))
+            self.metrics.reloads.labels(outcome="ok").inc()
+            self.metrics.serving(
+                new.scorer.name, new.version, (previous.scorer.name, previous.version)
+            )
+            return ReloadResponse(
+                reloaded=new.version != previous.version,
+                previous_version=previous.version,
+                model=new.info,
+                check_probability=new.check_probability,
+                seconds=seconds,
+            )
+
+        return await self._answer("/reload", work)
+
+    # ---------------------------------------------------------------- helpers
+    async def _windows(self, request: Request, serving: Serving) -> tuple[list[RunWindow], int]:
+        media_type = _media_type(request)
+        scorer = serving.scorer
+        shape = {"signals": scorer.signals, "context_fields": scorer.context_fields}
+        if media_type == "application/json":
+            parsed = _parse_json(await request.body(), RiskRequest)
+            check_batch_size(len(parsed.runs), self.limits)  # type: ignore[attr-defined]
+            top_k = _top_k(str(parsed.top_k), self.limits, "top_k")  # type: ignore[attr-defined]
+            windows = [
+                from_json_run(f"runs[{i}]", run, limits=self.limits, **shape)
+                for i, run in enumerate(parsed.runs)  # type: ignore[attr-defined]
+            ]
+            return windows, top_k
+        if media_type == ARROW_TYPE:
+            top_k = _top_k(request.query_params.get("top_k"), self.limits, "query top_k")
+            return decode_runs(await request.body(), limits=self.limits, **shape), top_k
+        raise BadRequest(
+            "Content-Type",
+            f"{media_type or 'no content type'}",
+            f"application/json or {ARROW_TYPE}",
+            "set the header, e.g. curl -H 'Content-Type: application/json'",
+            status=415,
+        )
+
+    async def _answer(self, route: str, work: Callable[[], Awaitable[BaseModel]]) -> Response:
+        try:
+            status, content = 200, (await work()).model_dump_json()
+        except BadRequest as error:
+            status, content = error.status, json.dumps(error.body())
+        self.metrics.requests.labels(route=route, status=str(status)).inc()
+        return Response(content, status_code=status, media_type="application/json")
+
+
+# outermost first: an unauthenticated body is never read
+RiskService.add_asgi_middleware(BearerAuth)
+RiskService.add_asgi_middleware(BodyLimit)

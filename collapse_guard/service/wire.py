@@ -1,0 +1,188 @@
+"""The wire format: typed requests and answers of every route (pydantic models).
+
+Shared by the service (which validates with them and publishes them in ``/docs.json``)
+and the client (which reads answers into them). Fields may be added, never renamed
+(DESIGN.md "Service").
+
+Numbers. A signal value is a JSON number, ``null`` (not measured at that step), or a
+measured non-finite value written either as the strings ``"NaN"``, ``"Infinity"``,
+``"-Infinity"`` or as the bare literals ``NaN``, ``Infinity``, ``-Infinity`` that
+Python's ``json.dumps`` writes by default. Both forms are read the same way. Strings
+holding a number (``"2.5"``) are read as that number; any other string, a list or an
+object is rejected with a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ERROR_EXAMPLE",
+    "ErrorBody",
+    "ExplainResponse",
+    "Factor",
+    "FeatureContribution",
+    "ModelInfo",
+    "ReloadRequest",
+    "ReloadResponse",
+    "RiskRequest",
+    "RiskResponse",
+    "RiskResult",
+    "Run",
+    "SchemaInfo",
+    "SignalContribution",
+]
+
+Level = Literal["ok", "watch", "warn", "critical"]
+# float | None: None is "not measured" (NaN to the features, never 0)
+Value = float | None
+
+_VALUE_DOC = (
+    'numbers; null = not measured; "NaN", "Infinity", "-Infinity" (or the bare JSON '
+    "literals) = measured non-finite"
+)
+
+
+class Run(BaseModel):
+    """The raw signal window of one run: steps plus one column per signal."""
+
+    run_id: str = Field(description="The caller's id of the run, echoed in the answer.")
+    steps: list[int] = Field(
+        description="Training steps of the rows, strictly increasing; the last one is 'now'.",
+        examples=[[0, 1, 2]],
+    )
+    signals: dict[str, list[Value]] = Field(
+        description=f"Signal name -> one value per step ({_VALUE_DOC}). Canonical names "
+        "only (GET /model lists the ones the model reads); absent signals are NaN features.",
+        examples=[{"loss": [2.41, None, "NaN"], "grad_norm": [0.9, 0.8, 0.85]}],
+    )
+    context: dict[str, Value] | None = Field(
+        default=None,
+        description="Run-level context (GET /model: schema.context). Absent or null keys "
+        "give NaN features.",
+    )
+
+
+class RiskRequest(BaseModel):
+    """``POST /risk`` and ``POST /explain`` (exactly one run) as JSON."""
+
+    runs: list[Run] = Field(description="One entry per run; answers come back in this order.")
+    top_k: int = Field(
+        default=5, description="Top contributing features per run in the answer (0..50)."
+    )
+
+
+class Factor(BaseModel):
+    """One feature's contribution to the log-odds (LightGBM SHAP, positive: toward collapse)."""
+
+    feature: str
+    signal: str = Field(description="The signal the feature is computed from ('dsi': cross).")
+    contribution: float
+
+
+class RiskResult(BaseModel):
+    """The risk of one run at its last step."""
+
+    run_id: str
+    step: int = Field(description="The step the risk refers to (the window's last step).")
+    probability: float = Field(description="Calibrated P(collapse within `horizon` steps).")
+    level: Level
+    horizon: int
+    model_name: str
+    model_version: str
+    top_factors: list[Factor]
+
+
+class RiskResponse(BaseModel):
+    results: list[RiskResult]
+
+
+class FeatureContribution(BaseModel):
+    feature: str
+    value: float | None = Field(description="The feature's value (null: NaN, missing).")
+    contribution: float
+
+
+class SignalContribution(BaseModel):
+    signal: str
+    contribution: float = Field(description="Sum of the signal's feature contributions.")
+    features: list[FeatureContribution]
+
+
+class ExplainResponse(BaseModel):
+    """Every feature's contribution for one window, grouped by signal (largest |sum| first)."""
+
+    run_id: str
+    step: int
+    probability: float
+    level: Level
+    model_name: str
+    model_version: str
+    base_log_odds: float = Field(description="The booster's expected raw score.")
+    log_odds: float = Field(description="base_log_odds + every contribution (uncalibrated).")
+    signals: list[SignalContribution]
+
+
+class SchemaInfo(BaseModel):
+    version: str
+    window: int
+    signals: list[str]
+    context: list[str]
+    fingerprint: str
+    names: list[str]
+
+
+class ModelInfo(BaseModel):
+    """``GET /model``: what is serving now."""
+
+    name: str
+    version: str
+    alias: str | None = Field(description="The registry alias it was loaded by, if any.")
+    source: str = Field(description="What was loaded: 'default', a folder or a models:/ URI.")
+    horizon: int
+    feature_schema: SchemaInfo
+    levels: list[str]
+    thresholds: dict[str, float]
+    budgets: dict[str, float]
+    trained_at: str | None
+    evaluation: dict[str, float] = Field(description="The figures stored with the model.")
+    meta: dict[str, Any]
+
+
+class ReloadRequest(BaseModel):
+    source: str | None = Field(
+        default=None,
+        description="Model to load: 'default', a folder, or a models:/ URI; omitted: the "
+        "source the service was started with (a models:/...@alias is resolved again).",
+        examples=["models:/collapse-predictor@champion"],
+    )
+
+
+class ReloadResponse(BaseModel):
+    reloaded: bool = Field(description="False when the source resolved to the serving model.")
+    previous_version: str
+    model: ModelInfo
+    check_probability: float = Field(description="The new model's answer on the known window.")
+    seconds: float
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx: what was wrong, where, what was expected and how to fix it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="One sentence: field, what was got, expected, fix.")
+    field: str | None = None
+    expected: str | None = None
+    fix: str | None = None
+
+
+ERROR_EXAMPLE = {
+    "error": "runs[0].signals.los: unknown signal; expected one of loss, lr, ... Fix: use "
+    "the canonical names (GET /model)",
+    "field": "runs[0].signals.los",
+    "expected": "one of loss, lr, ...",
+    "fix": "use the canonical names (GET /model)",
+}

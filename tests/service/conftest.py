@@ -1,0 +1,169 @@
+"""Service fixtures: the bundled model, model variants, an in-process app, a served instance.
+
+The served instance is real: ``collapse-guard serve`` (which execs ``bentoml serve``) as a
+subprocess in its own process group on a free loopback port, 2 workers, a bearer token,
+BENTOML_HOME in a temporary folder, a small body limit; SIGTERM to the group at the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import TOKEN
+
+SERVED_BODY_LIMIT = 4_000_000  # bytes: small, so that the 413 tests send little
+VARIANT_VERSION = "variant-40-trees"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from collapse_guard.predictor.risk import RiskModel
+
+    return RiskModel.load()
+
+
+@pytest.fixture(scope="session")
+def variant_dir(tmp_path_factory, default_model):
+    """The bundled model cut to its first 40 trees: a real, different LightGBM model."""
+    import lightgbm as lgb
+
+    from collapse_guard.predictor.risk import RiskModel
+
+    m = default_model
+    booster = lgb.Booster(model_str=m.booster.model_to_string(num_iteration=40))
+    meta = {k: v for k, v in m.meta.items() if k not in ("source",)} | {"version": VARIANT_VERSION}
+    variant = RiskModel(
+        booster,
+        m.schema,
+        m.calibrator,
+        m.thresholds,
+        horizon=m.horizon,
+        budgets=m.budgets,
+        meta=meta,
+    )
+    return variant.save(tmp_path_factory.mktemp("variant") / "model")
+
+
+@pytest.fixture(scope="session")
+def broken_dir(tmp_path_factory, variant_dir):
+    """A model folder whose booster file is damaged: loading it must fail."""
+    folder = tmp_path_factory.mktemp("broken") / "model"
+    shutil.copytree(variant_dir, folder)
+    (folder / "model.txt").write_text("tree\nnot a lightgbm model\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory, variant_dir):
+    """A real SQLite MLflow store holding the variant as collapse-predictor v1 @champion."""
+    import mlflow
+
+    from collapse_guard.predictor import registry
+    from collapse_guard.predictor.risk import RiskModel
+
+    folder = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments()  # migrations, once
+        registry.log_training(
+            RiskModel.load(variant_dir),
+            metrics={},
+            score=lambda _: {"recall_at_warn": 0.5, "pr_auc": 0.5},
+            params={"test": 1},
+            fingerprint="service-test",
+        )
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI")
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+    return uri
+
+
+@pytest.fixture(scope="session")
+def app_client(tmp_path_factory):
+    """The service's ASGI app in process (starlette TestClient), no token, default model."""
+    from starlette.testclient import TestClient
+
+    from collapse_guard.service.service import RiskService
+
+    reload_file = tmp_path_factory.mktemp("inproc") / "reload.json"
+    saved = {k: os.environ.get(k) for k in ("COLLAPSE_GUARD_TOKEN", "COLLAPSE_GUARD_RELOAD_FILE")}
+    os.environ.pop("COLLAPSE_GUARD_TOKEN", None)
+    os.environ["COLLAPSE_GUARD_RELOAD_FILE"] = str(reload_file)
+    try:
+        with TestClient(RiskService.to_asgi()) as client:
+            yield client
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the server was not ready in {limit} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory, mlflow_uri):
+    """URL of a real served instance: `collapse-guard serve --workers 2`, token TOKEN."""
+    folder = tmp_path_factory.mktemp("served")
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        BENTOML_HOME=str(folder / "bentoml"),
+        COLLAPSE_GUARD_TOKEN=TOKEN,
+        COLLAPSE_GUARD_MAX_BODY_BYTES=str(SERVED_BODY_LIMIT),
+        MLFLOW_TRACKING_URI=mlflow_uri,
+    )
+    command = Path(sys.executable).with_name("collapse-guard")
+    args = [str(command), "serve", "--port", str(port), "--workers", "2", "--model", "default"]
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

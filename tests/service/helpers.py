@@ -1,0 +1,43 @@
+"""Seeded run windows and request bodies for the service tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+TOKEN = "test-token-7f3a"  # the served instance's COLLAPSE_GUARD_TOKEN
+
+
+def window(seed: int, signals, steps: int = 200, start: int = 0, holes: float = 0.05):
+    """A run frame: ``step`` + a random walk per signal, some values NaN (not measured),
+    a few measured non-finite ones, the attention family every 50 steps only."""
+    rng = np.random.default_rng(seed)
+    frame = {"step": np.arange(start, start + steps, dtype=np.int64)}
+    for k, name in enumerate(signals):
+        walk = 1.0 + 0.05 * np.cumsum(rng.normal(size=steps)) + 0.1 * k
+        walk[rng.random(steps) < holes] = np.nan
+        if name.startswith("attn_"):
+            walk[(frame["step"] % 50) != 0] = np.nan
+        frame[name] = walk
+    if "loss" in frame:
+        frame["loss"] = 2.6 + np.abs(frame["loss"] - 1.0)
+        if seed % 3 == 0:
+            frame["loss"][-3] = np.inf  # a measured non-finite value is data
+    return pd.DataFrame(frame)
+
+
+def run_json(frame: pd.DataFrame, run_id: str, context=None) -> dict:
+    """The wire form of a frame; NaN as null, +-inf as the strings "Infinity"/"-Infinity"."""
+
+    def cell(x: float):
+        if np.isnan(x):
+            return None
+        if np.isinf(x):
+            return "Infinity" if x > 0 else "-Infinity"
+        return float(x)
+
+    signals = {c: [cell(x) for x in frame[c]] for c in frame.columns if c != "step"}
+    run = {"run_id": run_id, "steps": frame["step"].tolist(), "signals": signals}
+    if context is not None:
+        run["context"] = context
+    return run

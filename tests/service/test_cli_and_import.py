@@ -1,0 +1,47 @@
+"""`collapse-guard serve` rejects bad options in one line; the package imports light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMMAND = str(Path(sys.executable).with_name("collapse-guard"))
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--port", "abc"], "--port must be a whole number 1..65535; got 'abc'"),
+        (["--poll", "5"], "--poll needs a models:/NAME@ALIAS model"),
+        (["--model", "/no/such/model"], "cannot load model '/no/such/model'"),
+    ],
+)
+def test_bad_options_fail_in_one_line(args, words):
+    done = subprocess.run(
+        [COMMAND, "serve", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert words in lines[0] and "Traceback" not in done.stderr
+
+
+def test_serve_is_listed_in_help():
+    done = subprocess.run([COMMAND, "--help"], capture_output=True, text=True, timeout=60)
+    assert " serve " in done.stdout
+
+
+def test_client_imports_light_and_the_service_without_torch():
+    code = (
+        "import sys, collapse_guard.service as s; s.RiskClient; "
+        "print([m for m in ('torch', 'lightgbm', 'sklearn', 'bentoml', 'mlflow') "
+        "if m in sys.modules]); "
+        "import collapse_guard.service.service; print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["[]", "False"], done.stdout + done.stderr
