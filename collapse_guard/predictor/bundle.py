@@ -5,7 +5,10 @@
 Generates N synthetic runs (or reuses them from ``--work``), adds the real runs found
 under each ``--real`` folder, trains with the same pipeline as ``collapse-guard train``
 (``train_risk_model``: run-level split, calibration, levels, evaluation), prints the
-test-split evaluation beside the baselines, and writes the model folder. The folder
+test-split evaluation beside the baselines (the headline at the stored ``warn`` level;
+per kind, cause and onset), and writes the model folder. The model stores the ids of the
+runs it trained and validated on, so ``collapse-guard evaluate`` refuses the synthetic
+runs that ``collapse-guard data synth --seed 0`` makes again. The folder
 must stay under 5 MB, because it is installed with every copy of the package.
 The previous folder is replaced only once the new one is complete.
 """
@@ -74,7 +77,7 @@ def build_default_model(
 def main(argv: Sequence[str] | None = None) -> None:
     from rich.console import Console
 
-    from collapse_guard.predictor.cli import print_report
+    from collapse_guard.predictor.cli import print_groups, print_report
     from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
 
     parser = argparse.ArgumentParser(
@@ -121,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=console.log,
     )
     print_report(console, report, f"default model {model.meta['version']}, test runs")
+    print_groups(console, report)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,13 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 # where each threshold came from, in a table's words (evaluation.report)
-_FITTED_ON = {"validation": "validation", "rule": "its rule", "test": "test runs (ROC-like)"}
+_FITTED_ON = {"validation": "val", "rule": "rule", "test": "test*"}
+_FITTED_NOTE = (
+    "rec = recall, hit = caught / collapses, lead = median steps ahead, FA = false alarms "
+    "per 10k healthy steps, AP = average precision. set on: val = validation runs (stored "
+    "level, tuned baseline), rule = the original's own rule; test* = threshold fitted on "
+    "these test runs for the same false-alarm rate (ROC-like, secondary)"
+)
 
 
 def _scorer_table(report, title: str, source: str = "all"):
@@ -75,10 +81,10 @@ def _scorer_table(report, title: str, source: str = "all"):
     from rich.table import Table
 
     # SIMPLE_HEAD and short headers: the table must fit 80 columns (rich's width off a tty)
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    headers = ("scorer", "alarm at", "fitted on", "recall", "caught", "lead", "FA/10k")
-    for column in (*headers, "PR-AUC", "Brier"):
-        text = column in ("scorer", "alarm at", "fitted on")
+    table = Table(title=title, caption=_FITTED_NOTE, box=box.SIMPLE_HEAD, pad_edge=False)
+    headers = ("scorer", "point", "set on", "rec", "hit", "lead", "FA")
+    for column in (*headers, "AP", "Brier"):
+        text = column in ("scorer", "point", "set on")
         table.add_column(column, justify="left" if text else "right", no_wrap=text)
     frame = report.to_frame()
     frame = frame[frame["source"] == source]
@@ -91,11 +97,11 @@ def _scorer_table(report, title: str, source: str = "all"):
                 r.scorer,
                 r.operating_point.removeprefix("level:"),
                 _FITTED_ON[r.fitted_on],
-                _fmt(r.recall),
+                _fmt(r.recall, 2),
                 f"{r.caught}/{r.n_collapsed}",
                 _fmt(r.median_lead),
                 _fmt(r.fa_per_10k),
-                _fmt(r.pr_auc),
+                _fmt(r.pr_auc, 2),
                 _fmt(r.brier, 2),
                 style="bold" if headline else None,
                 end_section=part is stored and r.Index == stored.index[-1],
@@ -109,7 +115,7 @@ def _budget_table(report, title: str):
     from rich.table import Table
 
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("source", "level", "budget/10k", "FA/10k", "false alarms", "holds"):
+    for column in ("source", "level", "budget/10k", "FA/10k", "false alarms", "within 2x"):
         table.add_column(column, justify="left" if column in ("source", "level") else "right")
     for c in report.budget_checks:
         holds = {True: "yes", False: "[red]no[/]", None: "too few steps"}[c.holds]
@@ -128,13 +134,13 @@ def print_report(console, report, heading: str) -> None:
     """Print the scorer table for all sources pooled, then per source when there are
     several, then whether the stored levels hold their budgets."""
     sources = sorted(set(report.to_frame()["source"]) - {"all"})
-    budget = f"ROC-like rows at {report.budget_per_10k:g} false alarm per 10k healthy steps"
+    budget = f"test* at {report.budget_per_10k:g} FA/10k"
     console.print(_scorer_table(report, f"{heading}: all sources ({budget})"))
     if len(sources) > 1:
         for source in sources:
             console.print(_scorer_table(report, f"{heading}: {source}", source=source))
     if report.budget_checks:
-        factor = "stored levels on these runs: within 2x of their budgets?"
+        factor = "stored levels within 2x of their budgets?"
         console.print(_budget_table(report, f"{heading}: {factor}"))
 
 
@@ -182,7 +188,7 @@ def print_groups(console, report) -> None:
         present = set(frame.loc[frame["grouping"] == grouping, "group"])
         if grouping in SETUP_GROUPINGS and len(present) < 2:
             continue
-        title = f"per {grouping}, all sources: model at warn, each baseline at its own point"
+        title = f"per {grouping}: model at warn, baselines at their own points"
         console.print(_group_table(report, grouping, title))
 
 

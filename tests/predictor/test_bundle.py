@@ -64,3 +64,22 @@ def test_the_shipped_model_loads_and_is_small():
     assert bundle.folder_bytes(DEFAULT_MODEL_DIR) < bundle.MAX_BYTES
     assert set(model.thresholds) == {"watch", "warn", "critical"}
     assert model.meta["bundle"]["synthetic"] > 0
+
+
+def test_the_bundle_stores_the_runs_it_saw_and_stays_small_with_thousands(
+    tmp_path, work, cached_training
+):
+    from collapse_guard.predictor.seen_runs import SeenRuns
+
+    out = tmp_path / "default_model"
+    bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED, progress=str)
+    model = RiskModel.load(out)
+    seen = SeenRuns.from_meta(model.meta)
+    assert len(seen.train) == len(model.meta["split"]["train"]) > 0
+    # 3,000 training and 1,000 validation ids of 30 characters: ~140 KB more
+    model.meta["train_run_ids"] = [f"real-family-optimizer-{i:08d}" for i in range(3_000)]
+    model.meta["validation_run_ids"] = [f"real-family-optimizer-v{i:07d}" for i in range(1_000)]
+    big = model.save(tmp_path / "big")
+    assert bundle.folder_bytes(big) - bundle.folder_bytes(out) < 200_000
+    assert bundle.folder_bytes(big) < bundle.MAX_BYTES
+    assert SeenRuns.from_meta(RiskModel.load(big).meta).role_of("real-family-optimizer-00002999")

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.predictor.evaluation import (
@@ -370,14 +371,8 @@ def test_family_lead_discounts_signals_that_drift_on_healthy_runs():
 
 
 def test_benchmark_tables_from_a_report():
-    """benchmarks/predictor_eval.py's per-kind and family tables (the script is no package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "predictor_eval.py"
-    spec = importlib.util.spec_from_file_location("predictor_eval", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    """benchmarks/predictor_eval.py's per-kind and family tables."""
+    bench = _benchmark()
 
     records, report = _kind_report()
     rows = {r["kind"]: r for r in bench.kind_rows(report, "kind")}
@@ -392,3 +387,39 @@ def test_benchmark_tables_from_a_report():
     assert md.splitlines()[2] == "| cause | n | model |"
     (line,) = bench.missed_lines(report, leads, by="kind")
     assert line.startswith("kind loss_rise: model catches 50% of 2")
+    onset = {r["onset"]: r["model"] for r in bench.kind_rows(report, "onset")}
+    assert onset == {"develops": "1.00 (100)", "sudden": "0.00", UNKNOWN: "1.00 (50)"}
+
+
+def test_benchmark_headline_rows_at_the_stored_level():
+    bench = _benchmark()
+    n, onset = 1_000, 800
+    runs = [
+        _record(n, onset, {"collapse_kind": "loss_rise"}, f"c{i}", loss=_wiggle(n))
+        for i in range(4)
+    ]
+    runs += [_record(n, run_id=f"h{i}", loss=_wiggle(n)) for i in range(4)]
+    scores = [_alarm_at(n, onset - 150 if i < 2 else None, onset) for i in range(4)]
+    scores += [np.zeros(n)] * 4
+    scores[4] = np.r_[np.zeros(300), np.full(10, 0.7), np.zeros(690)]  # one warn false alarm
+    report = evaluate_runs(runs, _Levels(), model_scores=scores)
+    row, real = bench.target_rows(report)
+    assert real["source"] == "real" and real["runs"] == 8
+    assert (row["source"], row["caught"], row["lead"]) == ("all", "2/4", 150.0)
+    # 1 false alarm in 4 x 600 + 4 x 1,000 healthy steps
+    assert row["FA/10k"] == pytest.approx(1e4 / 6_400)
+    assert row["best baseline (own point) @FA"] == "—"  # no baseline scored
+    checks = {(r["source"], r["level"]): r["within 2x"] for r in bench.budget_rows(report)}
+    assert checks["all", "warn"] == "yes" and checks["all", "critical"] == "too few steps"
+
+
+def _benchmark():
+    """benchmarks/predictor_eval.py as a module (the script is no package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "predictor_eval.py"
+    spec = importlib.util.spec_from_file_location("predictor_eval", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
