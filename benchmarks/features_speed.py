@@ -13,10 +13,14 @@ A streaming window is one call into the compiled kernel (numba) plus about 15 nu
 calls that build its step grid (and, from a DataFrame, one pandas call per signal
 column), so part of its time scales with the per-call overhead of the machine; the last
 line prints that overhead (one small ufunc call) so figures from different machines can
-be compared. Batch figures are given in wall time and in CPU time of this process: on a
-machine loaded by other jobs the wall figure mostly measures the share of the core this
-process got. "first call" is the first window's time: the kernel's compile on a fresh
-checkout, else loading it from numba's cache.
+be compared. Since features version 3 a window also carries the run context: "frame"
+and "array" compute it from the 200 rows given (``context=None``), "context given" takes
+it as a mapping (what the service gets), and "RunContext.update" is what the live
+accumulator costs per training step (the guard's side). Batch figures are given in wall
+time and in CPU time of this process: on a machine loaded by other jobs the wall figure
+mostly measures the share of the core this process got. "first call" is the first
+window's time: the kernel's compile on a fresh checkout, else loading it from numba's
+cache.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from collapse_guard.features import FeatureExtractor
+from collapse_guard.features import FeatureExtractor, RunContext
 from collapse_guard.signals import SIGNALS
 
 __all__ = ["probe_run"]
@@ -82,6 +86,14 @@ def main() -> None:
     first_s = once(lambda: fx.transform_array(values, steps))
     frame_s = best_of(lambda: fx.transform_window(tail), args.repeat)
     array_s = best_of(lambda: fx.transform_array(values, steps), args.repeat)
+    ctx = RunContext.from_schema(fx.schema)
+    records = tail[list(fx.signals)].to_dict("records")
+    for step, record in zip(steps, records, strict=True):
+        ctx.update(int(step), record)
+    context = ctx.get()
+    given_s = best_of(lambda: fx.transform_window(tail, context=context), args.repeat)
+    feed = iter(range(int(steps[-1]) + 1, 10**9))
+    update_s = best_of(lambda: ctx.update(next(feed), records[-1]), args.repeat)
     batch_s = best_of(lambda: fx.transform_run(run), 3)
     batch_cpu_s = best_of(lambda: fx.transform_run(run), 3, clock=time.process_time)
     small = np.ones(26)
@@ -94,6 +106,8 @@ def main() -> None:
     print(f"first call          {first_s * 1e3:8.1f} ms (kernel compile, or load from cache)")
     print(f"streaming (frame)   {frame_s * 1e6:8.1f} us/window   target <= 200")
     print(f"streaming (array)   {array_s * 1e6:8.1f} us/window   target <= 200")
+    print(f"context given       {given_s * 1e6:8.1f} us/window   (frame + a context mapping)")
+    print(f"RunContext.update   {update_s * 1e6:8.1f} us/step     (live accumulator, 26 signals)")
     print(f"batch (stride 1)    {args.steps / batch_s:8.0f} windows/s  target >= 20000")
     print(f"batch, CPU time     {args.steps / batch_cpu_s:8.0f} windows per CPU second")
     print(f"numpy call overhead {call_s * 1e6:8.2f} us (np.add on 26 floats; ~0.5 on an idle core)")

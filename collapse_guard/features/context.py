@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,15 @@ _INDEX = {name: i for i, (name, _) in enumerate(CONTEXT_FIELDS)}
 _KNOWN_KEYS = frozenset(SIGNAL_NAMES) | {"step", "event"}  # a run file's row as a dict
 _STATE_KEYS = ("names", "run", "tracks", "early")
 _NO_ENDS = np.empty(0, dtype=np.int64)
+_DECAY = decays()
+
+
+@lru_cache(maxsize=32)
+def _layout(signals: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The context fields of a schema's signals and their positions among the emitted
+    fields (cached: a streaming window builds an accumulator per call)."""
+    names = context_names(signals)
+    return names, np.array([_INDEX[n] for n in names], dtype=np.int64)
 
 
 class RunContext:
@@ -61,9 +71,7 @@ class RunContext:
     """
 
     def __init__(self, signals: Sequence[str] = SIGNAL_NAMES) -> None:
-        self.names: tuple[str, ...] = context_names(tuple(signals))
-        self._pick = np.array([_INDEX[n] for n in self.names], dtype=np.int64)
-        self._decay = decays()
+        self.names, self._pick = _layout(tuple(signals))
         self.reset()
 
     @classmethod
@@ -157,7 +165,7 @@ class RunContext:
         """Feed rows (``values``: one row per CONTEXT_SIGNALS) and return the fields at
         each of the sorted ``ends``, ``(len(ends), len(names))``."""
         out = np.empty((len(ends), N_FIELDS))
-        advance(self._run, self._tracks, self._early, self._decay, steps, values, ends, out)
+        advance(self._run, self._tracks, self._early, _DECAY, steps, values, ends, out)
         return out[:, self._pick]
 
     def __repr__(self) -> str:

@@ -117,9 +117,8 @@ class FeatureExtractor:
         ``context``: the run context at that row (``RunContext.get()``), or None to
         compute it from ``frame`` as the whole run so far.
         """
-        steps, values = frame_tail(frame, self.signals, self.window)
-        vec = self._one(steps, values)
-        return np.concatenate([vec, self._context(context, frame)])
+        steps, values, ctx = self._read(frame, context)
+        return np.concatenate([self._one(steps, values), ctx])
 
     def transform_array(
         self,
@@ -146,6 +145,8 @@ class FeatureExtractor:
                 f"{len(values)} rows"
             )
         if context is None:
+            if not len(steps):
+                raise ValueError(self._empty_message())
             ctx = self._run_context(steps, values.T[self._ctx_rows], steps[-1:])[0]
         else:
             ctx = context_vector(context, self.schema.context)
@@ -168,13 +169,14 @@ class FeatureExtractor:
                 f"contexts must have one entry per frame (None to compute it from the "
                 f"frame); got {len(contexts)} contexts for {len(frames)} frames"
             )
-        grids = [self._last_grid(*frame_tail(f, self.signals, self.window)) for f in frames]
-        if not grids:
+        if not len(frames):
             return np.empty((0, len(self.schema.names)), dtype=np.float64)
+        parts = [self._read(f, c) for f, c in zip(frames, contexts, strict=True)]
+        grids = [self._last_grid(steps, values) for steps, values, _ in parts]
         # (frames, window, signals), as window_features lays windows side by side
         vecs = window_features(np.stack(grids).transpose(0, 2, 1), self.signals)
-        ctx = np.stack([self._context(c, f) for c, f in zip(contexts, frames, strict=True)])
-        return np.concatenate([vecs, ctx.reshape(len(frames), -1)], axis=1)
+        ctx = np.stack([c for _, _, c in parts]).reshape(len(frames), -1)
+        return np.concatenate([vecs, ctx], axis=1)
 
     def transform_run(
         self,
@@ -204,12 +206,19 @@ class FeatureExtractor:
         index = pd.Index(ends, name="step")
         return pd.DataFrame(out, index=index, columns=list(self.schema.names))
 
-    def _context(self, context: Mapping[str, float] | None, frame: pd.DataFrame) -> np.ndarray:
-        """The context vector: as given, or computed from the whole frame."""
+    def _read(
+        self, frame: pd.DataFrame, context: Mapping[str, float] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(steps, values, context vector)`` of a frame: its last window's rows and the
+        context as given; or, without one, every row (each column is read once) and the
+        context computed from them."""
         if context is not None:
-            return context_vector(context, self.schema.context)
-        steps, values = frame_tail(frame, self._ctx_signals, len(frame))
-        return self._run_context(steps, values, steps[-1:])[0]
+            steps, values = frame_tail(frame, self.signals, self.window)
+            return steps, values, context_vector(context, self.schema.context)
+        steps, values = frame_tail(frame, self.signals, len(frame))
+        if not len(steps):
+            raise ValueError(self._empty_message())
+        return steps, values, self._run_context(steps, values[self._ctx_rows], steps[-1:])[0]
 
     def _run_context(self, steps: np.ndarray, present: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The context at sorted ``ends`` from the rows of this extractor's context
