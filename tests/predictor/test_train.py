@@ -50,8 +50,8 @@ def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
         scored.append(ScoredRun(run.run_id, run.meta.source, steps, p, run.meta.onset_step))
     watch = event_metrics(scored, model.thresholds["watch"], horizon=model.horizon)
     assert model.meta["threshold_healthy_steps"] >= 2 * model.budgets["watch"]
-    assert watch["fa_per_10k"] <= 5 * 1e4 / model.budgets["watch"]
-    assert watch["caught"] > 0 and watch["median_lead"] >= 20
+    assert watch.fa_per_10k <= 5 * 1e4 / model.budgets["watch"]
+    assert watch.caught > 0 and watch.median_lead >= 20
 
 
 def test_the_model_stores_the_runs_it_trained_and_validated_on(trained):
@@ -65,3 +65,13 @@ def test_the_model_stores_the_runs_it_trained_and_validated_on(trained):
     assert {seen.role_of(i) for i in split["train"]} == {"train"}
     assert {seen.role_of(i) for i in split["validation"]} == {"validation"}
     assert {seen.role_of(i) for i in split["test"]} == {None}
+
+
+def test_the_headline_is_recorded_at_the_stored_warn_level(trained):
+    model, report = trained
+    warn = report.result("model")
+    assert warn.operating_point == "level:warn" and warn.threshold == model.thresholds["warn"]
+    assert model.meta["test_recall_at_warn"] == warn.events.recall
+    # the learned baselines were tuned on the validation runs, not on the test runs
+    assert report.result("attn_logit").fitted_on == "validation"
+    assert report.result("config_only").fitted_on == "validation"
