@@ -91,8 +91,15 @@ def test_amp_run_has_a_grad_scaler():
     # halves after every overflow, and only then
     assert (steps_log2[overflow[:-1] == 1] == -1).all()
     assert (steps_log2[overflow[:-1] == 0] >= 0).all()
-    assert overflow[:50].sum() >= 1  # 2^16 is too high at first: GradScaler backs off
     assert np.isinf(frame["grad_norm"][overflow == 1]).all()
+    # 2^16 is too high at first for most models: GradScaler backs off early. Not for
+    # all: a model whose largest gradient elements sit 2^3-2^4 under its norm (amp.py's
+    # headroom) has room, so this is counted over ten runs.
+    early = [
+        make_frame(replace(sample_spec(i, 0), amp=True, gaps=()))["overflow"][:50].sum() >= 1
+        for i in range(10)
+    ]
+    assert sum(early) >= 5, early
 
 
 @pytest.mark.parametrize("kind", KINDS)

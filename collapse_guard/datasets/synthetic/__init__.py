@@ -12,7 +12,13 @@ Modules: ``spec`` (the recipe), ``sampler`` (the mix), ``shapes`` (schedule, ram
 spikes), ``traces`` (one builder per signal family), ``amp`` (GradScaler replay),
 ``frame`` (assembly: periods, divergence, gaps), ``generate`` (pool, label, files),
 ``agreement`` (generator vs label), ``calibration`` (synthetic vs real statistics),
-``cli`` (``collapse-guard data synth``).
+``shortcuts`` (does anything separate synthetic collapses from healthy runs that
+should not: precursor rates and single-signal AUROC), ``cli`` (``collapse-guard data
+synth``).
+
+Healthy runs carry the collapses' precursors too, as decoys that peak and resolve
+(``RunSpec.decoys``): a precursor only collapses carry is a shortcut a predictor
+learns from synthetic runs and never finds in real ones (issue 8).
 """
 
 from collapse_guard.datasets.synthetic.agreement import AgreementReport, label_agreement

@@ -24,7 +24,7 @@ from collapse_guard.datasets.runfile import RunMeta, write_run
 from collapse_guard.datasets.synthetic.frame import make_frame
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, run_id, sample_spec
 from collapse_guard.datasets.synthetic.shapes import dataset_spikes
-from collapse_guard.datasets.synthetic.spec import RunSpec
+from collapse_guard.datasets.synthetic.spec import SYNTHETIC_VERSION, RunSpec
 
 __all__ = ["generate_synthetic_runs", "synth_run"]
 
@@ -54,11 +54,13 @@ def synth_run(spec: RunSpec) -> tuple[pd.DataFrame, RunMeta]:
             "amp": spec.amp,
         },
         extra={
+            "synthetic_version": SYNTHETIC_VERSION,
             "synthetic_kind": spec.kind,
             "synthetic_onset": spec.onset,
             "synthetic_lead": spec.lead,
             "synthetic_rise_steps": spec.rise_steps,
             "synthetic_dsi": spec.dsi,
+            "synthetic_decoys": [d.kind for d in spec.decoys],
             "data_spike_steps": [s for s, _ in dataset_spikes(spec.dataset) if s < spec.n_steps],
             "synthetic_spec": spec.to_dict(),
         },

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collapse_guard.datasets.synthetic.shapes import N_DATASETS
-from collapse_guard.datasets.synthetic.spec import COLLAPSE_KINDS, Gap, RecoveredSpike, RunSpec
+from collapse_guard.datasets.synthetic.spec import (
+    COLLAPSE_KINDS,
+    Decoy,
+    Gap,
+    RecoveredSpike,
+    RunSpec,
+)
 
 __all__ = ["SamplerConfig", "run_id", "sample_spec"]
 
@@ -58,6 +64,17 @@ class SamplerConfig:
     dsi_share: float = 0.35
     false_dsi_share: float = 0.12  # healthy runs with a DSI episode that leads nowhere
     benign_growth_share: float = 0.2  # healthy runs whose attention logits grow and saturate
+    # Healthy runs whose signals show one collapse kind's precursors, which then resolve
+    # (issue 8: a precursor only collapses carry is a shortcut the predictor learns and
+    # real runs do not offer; param_norm growth had 31% of the bundled model's gain).
+    # As many as the collapses that have a precursor at all: 1 - sudden_share. The
+    # kind, lead, peak and DSI share are drawn as a collapse's are.
+    decoy_share: float = 0.85
+    # Extra decoys per 1000 steps of a healthy run beyond its first 1000 (Poisson). Off:
+    # at 0.3 and 0.6 (400 runs of seed 0) the healthy runs' precursor rates rose to
+    # 1.1-2.5x the collapses' (gradient-norm blow-up over 2x) while no single-signal
+    # AUROC of shortcuts.separation_table moved by more than 0.02.
+    decoys_per_kstep: float = 0.0
     spikes_per_healthy_run: float = 1.0  # Poisson mean of recovered spikes (hard negatives)
     spikes_per_collapsed_run: float = 0.4
     amp_share: float = 0.3
@@ -72,8 +89,11 @@ class SamplerConfig:
                 f"kind_weights has unknown kind(s) {unknown}; expected keys among "
                 f"{', '.join(COLLAPSE_KINDS)}"
             )
-        if not 0.0 <= self.collapse_share <= 1.0:
-            raise ValueError(f"collapse_share must be in [0, 1], got {self.collapse_share}")
+        for name in ("collapse_share", "decoy_share", "dsi_share", "false_dsi_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.decoys_per_kstep < 0:
+            raise ValueError(f"decoys_per_kstep must be >= 0, got {self.decoys_per_kstep}")
         if not 0 < self.loss_noise[0] <= self.loss_noise[1]:
             raise ValueError(
                 f"loss_noise must be (low, high) with 0 < low <= high, got {self.loss_noise}"
@@ -83,6 +103,11 @@ class SamplerConfig:
                 f"need 200 <= min_steps <= max_steps, got {self.min_steps} and {self.max_steps}; "
                 "shorter runs leave no room for warmup, onset and the label's recovery window"
             )
+
+
+# Divergences to NaN caused by a sudden LR jump (the rest blow up over 20-300 steps):
+# the share this sampler has drawn since issue 3; decoys copy it.
+_LR_JUMP_SHARE = 0.4
 
 
 def run_id(seed: int, index: int) -> str:
@@ -104,15 +129,80 @@ def _place(
     return int(rng.choice(starts)) if starts.size and hi - length >= lo else None
 
 
+def _draw_kind(rng: np.random.Generator, cfg: SamplerConfig) -> str:
+    kinds = list(cfg.kind_weights)
+    weights = np.array([cfg.kind_weights[k] for k in kinds], dtype=float)
+    return kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+
+
+def _draw_rise(rng: np.random.Generator, kind: str) -> tuple[float, int]:
+    """``(rise, rise_steps)`` of a collapse of ``kind`` (nonfinite: the pre-onset rise)."""
+    # Real collapses mostly jump within a few steps (an LR re-warm, a fault) and
+    # some rise over 100-150 steps (issue 3): log-uniform rise times cover both.
+    return {
+        "attention_entropy": (rng.uniform(0.3, 0.9), int(_log_uniform(rng, 1, 150))),
+        "oscillation": (rng.uniform(0.3, 1.0), int(rng.integers(30, 150))),
+        "gradient_collapse": (rng.uniform(0.3, 1.0), int(rng.integers(1, 20))),
+        "nonfinite": (rng.uniform(0.0, 0.15), 0),
+    }[kind]
+
+
+def _draw_onset(rng: np.random.Generator, n: int, warmup: int, post_min: int) -> int:
+    """An onset after warmup, with ``post_min`` steps of the run left after it."""
+    lo = max(warmup + 50, 200)
+    hi = max(n - post_min, lo + 1)
+    # Real onsets come late more often than early (faults and LR re-warms fall in
+    # 30-85% of the run; onset / length 0.3-0.8): start the draw at a quarter of
+    # the run where there is room.
+    if max(lo, n // 4) < hi:
+        lo = max(lo, n // 4)
+    return int(rng.integers(lo, hi))
+
+
+def _draw_lead(rng: np.random.Generator, cfg: SamplerConfig, onset: int) -> int:
+    """Steps a precursor develops over before ``onset``, leaving 50 steps before it."""
+    return min(int(rng.integers(20, cfg.max_lead + 1)), onset - 50)
+
+
+def _draw_decoy(rng: np.random.Generator, cfg: SamplerConfig, n: int, warmup: int) -> Decoy:
+    """One collapse kind's precursors, drawn as a collapse's, that resolve instead.
+
+    The kind, the lead, the peak (as an onset) and the DSI episode come from the same
+    draws as a collapse's; the nonfinite precursor is the blow-up kind (an LR jump of
+    10-100x is a cause the run's config shows, not a precursor; a decoy blows up as
+    fast as one, 1-20 steps, as often). After the peak the
+    precursors fade with an e-folding time of 20-200 steps (a recovered spike takes
+    5-40, a collapse's rise 1-150): four of them fit before the run ends, so the run
+    ends with its signals back where a healthy run has them.
+    """
+    kind = _draw_kind(rng, cfg)
+    rise, _ = _draw_rise(rng, kind)
+    fade = round(_log_uniform(rng, 20, 200), 3)
+    peak = _draw_onset(rng, n, warmup, post_min=int(4 * fade) + 50)
+    lead = _draw_lead(rng, cfg, peak)
+    if kind == "nonfinite" and rng.random() < _LR_JUMP_SHARE:
+        lead = int(rng.integers(1, 20))  # as fast as an LR jump's blow-up, without the jump
+    return Decoy(
+        kind=kind,
+        peak=peak,
+        lead=lead,
+        fade=fade,
+        dsi=bool(rng.random() < cfg.dsi_share),
+        rise=round(float(rise), 4) if kind == "nonfinite" else 0.0,
+    )
+
+
+def _peak(decoy: Decoy) -> int:
+    return decoy.peak
+
+
 def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) -> RunSpec:
     cfg = config or SamplerConfig()
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
     n = min(int(_log_uniform(rng, cfg.min_steps, cfg.max_steps + 1)), cfg.max_steps)
-    kinds = list(cfg.kind_weights)
-    weights = np.array([cfg.kind_weights[k] for k in kinds], dtype=float)
     kind = "healthy"
     if rng.random() < cfg.collapse_share:
-        kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+        kind = _draw_kind(rng, cfg)
     warmup = max(int(n * rng.uniform(0.01, 0.15)), 5)  # real: 2-15% of the run
     schedule = str(rng.choice(["cosine", "constant", "step"], p=[0.5, 0.3, 0.2]))
     # LR overlaps between outcomes on purpose: the entropy collapse leans high (as
@@ -131,30 +221,16 @@ def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) 
     onset: int | None = None
     lead, rise, rise_steps, dsi, cause, truncate = 0, 0.0, 0, False, "", None
     if kind != "healthy":
-        # Real collapses mostly jump within a few steps (an LR re-warm, a fault) and
-        # some rise over 100-150 steps (issue 3): log-uniform rise times cover both.
-        rise, rise_steps = {
-            "attention_entropy": (rng.uniform(0.3, 0.9), int(_log_uniform(rng, 1, 150))),
-            "oscillation": (rng.uniform(0.3, 1.0), int(rng.integers(30, 150))),
-            "gradient_collapse": (rng.uniform(0.3, 1.0), int(rng.integers(1, 20))),
-            "nonfinite": (rng.uniform(0.0, 0.15), 0),
-        }[kind]
+        rise, rise_steps = _draw_rise(rng, kind)
         # Room after onset for the label to see the collapse stay (its tail rule needs
         # 50 steps over the margin); nonfinite needs one non-finite step.
         post_min = 5 if kind == "nonfinite" else rise_steps + int(rng.integers(100, 250))
-        lo = max(warmup + 50, 200)
-        hi = max(n - post_min, lo + 1)
-        # Real onsets come late more often than early (faults and LR re-warms fall in
-        # 30-85% of the run; onset / length 0.3-0.8): start the draw at a quarter of
-        # the run where there is room.
-        if max(lo, n // 4) < hi:
-            lo = max(lo, n // 4)
-        onset = int(rng.integers(lo, hi))
+        onset = _draw_onset(rng, n, warmup, post_min)
         if rng.random() >= cfg.sudden_share:
-            lead = int(rng.integers(20, cfg.max_lead + 1))
+            lead = _draw_lead(rng, cfg, onset)
         lead = min(lead, onset - 50)
         if kind == "nonfinite":
-            cause = "lr_jump" if rng.random() < 0.4 else "blowup"
+            cause = "lr_jump" if rng.random() < _LR_JUMP_SHARE else "blowup"
             if cause == "lr_jump":
                 # A sudden LR jump a few steps before the NaN: the LR is the only warning.
                 lead = int(rng.integers(1, 20))
@@ -185,12 +261,16 @@ def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) 
 
     false_dsi = None
     benign = 0.0
+    decoys: list[Decoy] = []
     if kind == "healthy":
         if rng.random() < cfg.false_dsi_share:
             length = int(rng.integers(50, 300))
             false_dsi = (int(rng.integers(100, n - length)), length)
         if rng.random() < cfg.benign_growth_share:
             benign = round(float(rng.uniform(0.5, 1.5)), 4)
+        count = int(rng.random() < cfg.decoy_share)
+        count += int(rng.poisson(cfg.decoys_per_kstep * max(n - 1000, 0) / 1000))
+        decoys = sorted((_draw_decoy(rng, cfg, n, warmup) for _ in range(count)), key=_peak)
 
     # Gaps stay clear of the onset region so that the label sees the collapse happen.
     avoid = None if onset is None else (onset - lead - 50, onset + rise_steps + 300)
@@ -237,6 +317,7 @@ def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) 
         spikes=tuple(spikes),
         false_dsi=false_dsi,
         benign_logit_growth=benign,
+        decoys=tuple(decoys),
         gaps=tuple(gaps),
         truncate_after=truncate,
     )

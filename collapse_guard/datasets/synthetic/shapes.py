@@ -84,11 +84,26 @@ class Shapes:
 
     pre: np.ndarray  # 0 until onset - lead, rises (quadratically) to 1 at onset, then 1
     post: np.ndarray  # 0 until onset, smoothstep to 1 over rise_steps, then 1
+    # post cubed: what moves with the collapse's heads and norms, not ahead of the loss.
+    # The label's onset comes 0-70 steps after the generator's (its smoothed loss must
+    # cross the margin, measured on 400 runs of seed 0); on ``post`` itself, norms and
+    # logits would show the collapse to a window before the loss does, which no real
+    # run was seen to (issue 3: the logits turn as the loss rises).
+    late: np.ndarray
     after: np.ndarray  # bool, t >= onset
     bump: np.ndarray  # recovered spikes: loss excess in nats (sum over spikes)
     bump_unit: np.ndarray  # recovered spikes: 0..1 (for the other signals' excursions)
     data_spike: np.ndarray  # one-step data spikes: loss excess in nats at those steps
     false_dsi: np.ndarray  # healthy false-precursor episode: 0..1 plateau
+    # How far each kind's precursors have developed, 0..1, by collapse kind: a
+    # collapse has its own kind's, ``pre``; a healthy run one per decoy kind, the same
+    # quadratic ramp into the decoy's peak, then a return to 0 (``drift``) or a level
+    # that stays (``drift_kept``: a parameter norm or sharpened attention that grew
+    # stays grown), the largest where decoys of one kind overlap.
+    drift: dict[str, np.ndarray]
+    drift_kept: dict[str, np.ndarray]
+    dsi_drift: np.ndarray  # how far the DSI signals are over threshold (collapse or decoy)
+    pre_rise: np.ndarray  # loss rise into a blow-up, nats: nonfinite collapses and decoys
 
 
 def _smoothstep(x: np.ndarray) -> np.ndarray:
@@ -96,18 +111,36 @@ def _smoothstep(x: np.ndarray) -> np.ndarray:
     return x * x * (3 - 2 * x)
 
 
+def _ramp(t: np.ndarray, end: int, lead: int) -> np.ndarray:
+    """0 until ``end - lead``, then up to 1 at ``end`` and 1 after (a step at ``end``
+    when ``lead`` is 0). Quadratic: drifts start slow and accelerate into onset, as
+    logit growth does."""
+    if lead <= 0:
+        return (t >= end).astype(float)
+    return np.clip((t - (end - lead)) / lead, 0.0, 1.0) ** 2
+
+
 def make_shapes(spec: RunSpec, t: np.ndarray, rng: np.random.Generator) -> Shapes:
     n = t.size
+    drift: dict[str, np.ndarray] = {}
+    drift_kept: dict[str, np.ndarray] = {}
+    dsi_drift = pre_rise = np.zeros(n)
     if spec.onset is None:
         pre = post = np.zeros(n)
         after = np.zeros(n, dtype=bool)
+        for d in spec.decoys:
+            kept = _ramp(t, d.peak, d.lead)
+            back = kept * np.exp(-np.maximum(t - d.peak, 0.0) / max(d.fade, 1.0))
+            drift[d.kind] = np.maximum(drift.get(d.kind, 0.0), back)
+            drift_kept[d.kind] = np.maximum(drift_kept.get(d.kind, 0.0), kept)
+            dsi_drift = np.maximum(dsi_drift, back) if d.dsi else dsi_drift
+            pre_rise = pre_rise + d.rise * back**2
     else:
         after = t >= spec.onset
-        if spec.lead > 0:
-            # Quadratic: drifts start slow and accelerate into onset, as logit growth does.
-            pre = np.clip((t - (spec.onset - spec.lead)) / spec.lead, 0.0, 1.0) ** 2
-        else:
-            pre = after.astype(float)
+        pre = _ramp(t, spec.onset, spec.lead)
+        drift[spec.kind] = drift_kept[spec.kind] = pre
+        dsi_drift = pre if spec.dsi else dsi_drift
+        pre_rise = spec.rise * pre**2 if spec.kind == "nonfinite" else pre_rise
         post = _smoothstep((t - spec.onset) / max(spec.rise_steps, 1))
         post = np.where(after, post, 0.0)
     bump = np.zeros(n)
@@ -130,4 +163,17 @@ def make_shapes(spec: RunSpec, t: np.ndarray, rng: np.random.Generator) -> Shape
         rise = np.clip((t - start) / edge, 0.0, 1.0)
         fall = np.clip((start + length - t) / edge, 0.0, 1.0)
         false_dsi = np.minimum(rise, fall)
-    return Shapes(pre, post, after, bump, bump_unit, data_spike, false_dsi)
+    return Shapes(
+        pre,
+        post,
+        post**3,
+        after,
+        bump,
+        bump_unit,
+        data_spike,
+        false_dsi,
+        drift,
+        drift_kept,
+        dsi_drift,
+        pre_rise,
+    )

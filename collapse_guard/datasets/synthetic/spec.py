@@ -12,7 +12,9 @@ Outcome kinds and the label kind each should get from ``label.label_run``:
 kind                    label kind       what happens
 ======================  ===============  ==============================================
 ``healthy``             None             learns; may hold recovered spikes, data spikes,
-                                         false precursors and benign logit growth
+                                         false precursors, benign logit growth and a
+                                         decoys: a collapse kind's precursors, which
+                                         peak and resolve (:class:`Decoy`)
 ``attention_entropy``   ``loss_rise``    attention logits grow exponentially, heads turn
                                          one-hot, loss rises 0.3-0.9 nats and stays
 ``nonfinite``           ``nonfinite``    loss becomes NaN/inf (LR jump, or a blow-up)
@@ -31,6 +33,8 @@ __all__ = [
     "COLLAPSE_KINDS",
     "EXPECTED_LABEL_KIND",
     "KINDS",
+    "SYNTHETIC_VERSION",
+    "Decoy",
     "Gap",
     "RecoveredSpike",
     "RunSpec",
@@ -43,6 +47,10 @@ COLLAPSE_KINDS: tuple[str, ...] = (
     "oscillation",
 )
 KINDS: tuple[str, ...] = ("healthy", *COLLAPSE_KINDS)
+# Bump when the same (seed, index) makes a different run; stored in every run file's
+# extra, so a training set can tell the generators apart. 2: healthy runs carry the
+# collapses' precursors as decoys; param norm grows with the LR (issue 8).
+SYNTHETIC_VERSION = 2
 
 # What label.label_run should call each outcome; used for the agreement report.
 EXPECTED_LABEL_KIND: dict[str, str | None] = {
@@ -71,6 +79,21 @@ class Gap:
     start: int
     length: int
     what: str  # "rows" (no rows at all) or a signal family name ("attention", "update", ...)
+
+
+@dataclass(frozen=True)
+class Decoy:
+    """A healthy run's false start: the precursors of collapse kind ``kind`` develop
+    over ``lead`` steps into ``peak`` exactly as before that kind's onset, then resolve
+    (fade back with e-folding time ``fade`` steps, or level off) and no collapse
+    follows."""
+
+    kind: str  # one of COLLAPSE_KINDS
+    peak: int
+    lead: int
+    fade: float
+    dsi: bool = False  # the DSI signals go over threshold with it, as in a DSI collapse
+    rise: float = 0.0  # nonfinite: nats the loss rises into the peak (a blow-up's)
 
 
 @dataclass(frozen=True)
@@ -107,6 +130,7 @@ class RunSpec:
     spikes: tuple[RecoveredSpike, ...] = ()
     false_dsi: tuple[int, int] | None = None  # healthy: (start, length) of a false DSI episode
     benign_logit_growth: float = 0.0  # healthy: decades of attention-logit growth that saturate
+    decoys: tuple[Decoy, ...] = ()  # healthy: false starts (collapse precursors that resolve)
     gaps: tuple[Gap, ...] = ()
     truncate_after: int | None = None  # nonfinite: the loop crashed this many steps after onset
 

@@ -17,6 +17,7 @@ gradient norm gives no warning, and most collapses jump within a few steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,23 @@ class Ctx:
         """Multiplicative per-step noise with median 1."""
         return np.exp(sigma * self.rng.standard_normal(self.t.size))
 
+    def precursors(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """``(kind, drift, drift_kept)`` of each collapse kind whose precursors show.
+
+        A collapse shows its own kind's (both shapes are ``sh.pre``), a healthy run its
+        decoys' kinds (see ``Shapes.drift``). Each family applies a kind's precursors
+        in one branch for both, so a decoy is the very precursor a collapse carries;
+        what happens after onset reads ``sh.post``, ``sh.late`` and ``sh.after``,
+        which are zero in a healthy run.
+        """
+        for kind, drift in self.sh.drift.items():
+            yield kind, drift, self.sh.drift_kept[kind]
+
+    @property
+    def sudden(self) -> bool:
+        """A collapse with no precursor drift (its ``pre`` is a step at onset)."""
+        return self.spec.collapses and self.spec.lead == 0
+
     def dsi_target(self, low: tuple[float, float], high: tuple[float, float]) -> float:
         """A DSI excursion goes either below the band or above it: pick one side."""
         lo, hi = low if self.rng.random() < 0.5 else high
@@ -58,9 +76,7 @@ class Ctx:
     @property
     def dsi_ramp(self) -> np.ndarray:
         """How far the DSI signals are over threshold: pre-onset ramp, or a false episode."""
-        spec = self.spec
-        ramp = self.sh.pre if (spec.dsi and spec.onset is not None) else np.zeros(self.t.size)
-        return np.maximum(ramp, self.sh.false_dsi)
+        return np.maximum(self.sh.dsi_drift, self.sh.false_dsi)
 
 
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
@@ -74,12 +90,11 @@ def loss_trace(c: Ctx) -> dict[str, np.ndarray]:
     curve = spec.loss_floor + (start - spec.loss_floor) * (
         0.65 * np.exp(-t / spec.tau_fast) + 0.35 * np.exp(-t / spec.tau_slow)
     )
+    curve = curve + sh.pre_rise  # blow-up accelerates into the NaN (or a decoy's peak)
     if spec.onset is not None:
         # A collapsed run stops learning: the curve freezes at its onset value.
         curve = np.where(sh.after, curve[min(spec.onset, t.size - 1)], curve)
-        if spec.kind == "nonfinite":
-            curve = curve + spec.rise * sh.pre**2  # blow-up accelerates into the NaN
-        else:
+        if spec.kind != "nonfinite":
             since = np.maximum(t - spec.onset, 0.0)
             # Measured: a collapsed run slowly learns some of it back (never to within
             # the label's margin) ...
@@ -90,9 +105,9 @@ def loss_trace(c: Ctx) -> dict[str, np.ndarray]:
                 # ... and a sudden one overshoots first (a jump that half comes back).
                 peak = c.rng.uniform(0.2, 1.0) * spec.rise
                 curve = curve + peak * sh.post * np.exp(-since / c.rng.uniform(3, 30))
-    if spec.kind == "oscillation" and spec.onset is not None:
+    if "oscillation" in sh.drift:
         period = c.rng.uniform(4, 12)  # edge-of-stability bouncing, a few steps long
-        amp = c.rng.uniform(0.04, 0.15) * (sh.pre + sh.post)
+        amp = c.rng.uniform(0.04, 0.15) * (sh.drift["oscillation"] + sh.post)
         curve = curve + amp * np.sin(2 * math.pi * t / period)
     if spec.lr_change_factor > 1 and spec.lr_change_step is not None and spec.kind != "nonfinite":
         # A healthy LR raise costs a little loss that training wins back: a rise kept
@@ -129,27 +144,29 @@ def gradient_traces(c: Ctx) -> dict[str, np.ndarray]:
     cv_noise = c.lognormal(rng.uniform(0.05, 0.15))  # applied last: precursors are noisy too
     cv = np.where(sh.data_spike > 0, cv * rng.uniform(1.2, 2.0), cv)
 
-    if spec.onset is not None:
-        if spec.kind == "attention_entropy":
+    # One branch per precursor kind (Ctx.precursors): a collapse's own or a decoy's.
+    for kind, drift, _ in c.precursors():
+        if kind == "attention_entropy":
             # Measured here: gradient norm did not warn before onset; after, it shifts.
-            g = g * rng.uniform(0.6, 1.6) ** sh.post
-            bottom = bottom * rng.uniform(0.6, 1.6) ** sh.post
-        elif spec.kind == "nonfinite":
-            blow = rng.uniform(1.0, 3.0) if spec.cause == "blowup" else rng.uniform(1.0, 2.0)
-            g = g * 10 ** (blow * sh.pre**2)
-            bottom = bottom * 10 ** (blow * sh.pre**2)
-        elif spec.kind == "gradient_collapse":
+            g = g * rng.uniform(0.6, 1.6) ** sh.late
+            bottom = bottom * rng.uniform(0.6, 1.6) ** sh.late
+        elif kind == "nonfinite":
+            # A decoy mimics the blow-up (an LR jump is a cause, not a precursor: sampler).
+            blow = rng.uniform(1.0, 2.0) if spec.cause == "lr_jump" else rng.uniform(1.0, 3.0)
+            g = g * 10 ** (blow * drift**2)
+            bottom = bottom * 10 ** (blow * drift**2)
+        elif kind == "gradient_collapse":
             # Vanishing starts at the bottom of the stack, then everything dies in one step.
-            bottom = bottom * 10 ** (-rng.uniform(1.0, 2.5) * np.where(sh.after, 0.0, sh.pre))
+            bottom = bottom * 10 ** (-rng.uniform(1.0, 2.5) * np.where(sh.after, 0.0, drift))
             g = np.where(sh.after, g * 10 ** -rng.uniform(3.3, 4.5), g)
             dead = 10 ** rng.uniform(-9.0, -7.0) * c.lognormal(0.3)
             bottom = np.where(sh.after, dead, bottom)
             cv = np.where(sh.after, cv + rng.uniform(0.5, 1.2), cv)
-        elif spec.kind == "oscillation":
-            wiggle = np.exp(0.3 * sh.pre * np.sin(t * rng.uniform(0.5, 1.5)))
-            grow = 10 ** (rng.uniform(0.3, 1.0) * sh.post)
-            g = g * (1 + 0.5 * sh.pre) * wiggle * grow
-            bottom = bottom * (1 + 0.5 * sh.pre) * wiggle * grow
+        elif kind == "oscillation":
+            wiggle = np.exp(0.3 * drift * np.sin(t * rng.uniform(0.5, 1.5)))
+            grow = 10 ** (rng.uniform(0.3, 1.0) * sh.late)
+            g = g * (1 + 0.5 * drift) * wiggle * grow
+            bottom = bottom * (1 + 0.5 * drift) * wiggle * grow
     dsi = c.dsi_ramp
     cv = (cv * (1 - dsi) + c.dsi_target((0.8, 1.3), (0.8, 1.3)) * dsi) * cv_noise
     return {
@@ -160,8 +177,30 @@ def gradient_traces(c: Ctx) -> dict[str, np.ndarray]:
     }
 
 
+def _param_norm(c: Ctx) -> np.ndarray:
+    """Global parameter norm: grows from its init by 10-80%, at a pace set by the LR.
+
+    Each update adds an LR-sized step, so the norm grows while the LR is high and
+    stalls as it decays (a step schedule's raise speeds it up again); the pace
+    wobbles by a factor ~e^(0.3-0.8) over 50-200 steps, as the gradients' alignment
+    does. A norm that only ever slows down would make any acceleration a collapse
+    precursor that no real run offers (issue 8). The pace follows the LR up to twice
+    its peak (a step schedule's raise): an LR jump's blow-up is the collapse's own
+    precursor, drawn in the update family.
+    """
+    spec, t, rng = c.spec, c.t, c.rng
+    p0 = _log_uniform(rng, 15, 100)  # real: 30-170 (init scale is a knob)
+    growth = rng.uniform(0.1, 0.8)
+    wobble = np.exp(rng.uniform(0.3, 0.8) * smooth_noise(rng, t.size, tau=rng.uniform(50, 200)))
+    pace = np.minimum(c.lr / spec.lr_peak, 2.0) * wobble
+    # e-folding after 300-3000 steps at the peak LR (the former time constant)
+    progress = np.cumsum(pace) / rng.uniform(300, 3000)
+    param = p0 * (1 + growth * (1 - np.exp(-progress)))
+    return param * (1 + 1e-4 * np.cumsum(rng.standard_normal(t.size)) / np.sqrt(t.size))
+
+
 def update_traces(c: Ctx) -> dict[str, np.ndarray]:
-    spec, t, sh, rng = c.spec, c.t, c.sh, c.rng
+    t, sh, rng = c.t, c.sh, c.rng
     # Adam with beta1 = 0.9: consecutive updates share most of their momentum (real: 0.87-0.91).
     cos_level = rng.uniform(0.86, 0.915)
     # Adam's first updates all point the same way (momentum fills up): cos near 1.
@@ -169,23 +208,21 @@ def update_traces(c: Ctx) -> dict[str, np.ndarray]:
     cos_noise = rng.uniform(0.015, 0.05) * rng.standard_normal(t.size)  # applied last
     flip_p = np.full(t.size, rng.uniform(0.005, 0.05))  # momentum: reversals are rare
     ratio = c.lr * rng.uniform(1.5, 5) * c.lognormal(0.1)
-    p0 = _log_uniform(rng, 15, 100)  # real: 30-170 (init scale is a knob)
-    param = p0 * (1 + rng.uniform(0.1, 0.8) * (1 - np.exp(-t / rng.uniform(300, 3000))))
-    param = param * (1 + 1e-4 * np.cumsum(rng.standard_normal(t.size)) / np.sqrt(t.size))
+    param = _param_norm(c)
 
-    if spec.onset is not None:
-        if spec.kind == "oscillation":
+    for kind, drift, kept in c.precursors():
+        if kind == "oscillation":
             # The precursor of this kind: updates reverse direction step after step.
-            cos = cos * (1 - sh.pre) + rng.uniform(-0.6, -0.1) * sh.pre
-            flip_p = flip_p * (1 - sh.pre) + rng.uniform(0.65, 0.95) * sh.pre
-            ratio = ratio * (1 + sh.pre + sh.post)
-        elif spec.kind == "attention_entropy":
-            param = param * (1 + 0.1 * sh.pre + rng.uniform(0.2, 0.6) * sh.post)
-            ratio = ratio * (1 + sh.post)
-        elif spec.kind == "nonfinite":
-            ratio = ratio * 10 ** (rng.uniform(0.3, 1.5) * sh.pre**2)
-            param = param * (1 + 0.2 * sh.pre**2)
-        elif spec.kind == "gradient_collapse":
+            cos = cos * (1 - drift) + rng.uniform(-0.6, -0.1) * drift
+            flip_p = flip_p * (1 - drift) + rng.uniform(0.65, 0.95) * drift
+            ratio = ratio * (1 + drift + sh.late)
+        elif kind == "attention_entropy":
+            param = param * (1 + 0.1 * kept + rng.uniform(0.2, 0.6) * sh.late)
+            ratio = ratio * (1 + sh.late)
+        elif kind == "nonfinite":
+            ratio = ratio * 10 ** (rng.uniform(0.3, 1.5) * drift**2)
+            param = param * (1 + 0.2 * kept**2)
+        elif kind == "gradient_collapse":
             cos = np.where(sh.after, rng.uniform(0.0, 0.3), cos)
             cos_noise = np.where(sh.after, 0.2 * rng.standard_normal(t.size), cos_noise)
             ratio = np.where(sh.after, ratio * rng.uniform(0.03, 0.2), ratio)
@@ -230,35 +267,37 @@ def attention_traces(c: Ctx) -> dict[str, np.ndarray]:
         ent_mean = ent_mean * (1 - 0.2 * sat)
         ent_min = ent_min * (1 - 0.8 * sat)  # some heads turn one-hot
         sat_p = sat_p + 0.12 * sat
-    if spec.onset is not None:
-        if spec.kind == "attention_entropy":
+    for kind, drift, kept in c.precursors():
+        if kind == "attention_entropy":
             # Weak precursors, as measured on the real runs: a few tenths of a decade of
             # logit growth and of a nat of entropy before onset (when there is a lead).
-            a_pre = rng.uniform(0.0, 0.5) if spec.lead > 0 else 0.0
+            # A decoy's sharpening stays (drift_kept), as benign logit growth does.
+            a_pre = 0.0 if c.sudden else rng.uniform(0.0, 0.5)
             final = rng.uniform(4.0, 7.0)  # log10 of the final max logit: 1e4 .. 1e7
-            grow = np.clip((t - spec.onset) / (spec.rise_steps * rng.uniform(1, 2)), 0, 1)
+            since = t - (spec.onset if spec.onset is not None else t.size)
+            grow = np.clip(since / (max(spec.rise_steps, 1) * rng.uniform(1, 2)), 0, 1)
             grow = np.where(sh.after, grow**3, 0.0)
-            log_gain = a_pre * sh.pre + max(final - math.log10(logit_level) - a_pre, 0) * grow
-            logit = logit * 10**log_gain
-            d_pre = rng.uniform(0.04, 0.25) if spec.lead > 0 else 0.0
+            collapse_gain = max(final - math.log10(logit_level) - a_pre, 0) * grow
+            logit = logit * 10 ** (a_pre * kept + collapse_gain)
+            d_pre = 0.0 if c.sudden else rng.uniform(0.04, 0.25)
             # The heads turn one-hot as the loss goes up, not before it shows (a slow
             # start, cubed): the label's onset sits inside a slow rise, and a collapse
             # that is over before the loss shows it would be a precursor no real run has.
-            late = sh.post**3
-            ent_mean = ent_mean * (1 - d_pre * sh.pre)
+            late = sh.late
+            ent_mean = ent_mean * (1 - d_pre * kept)
             ent_mean = ent_mean * (1 - late) + rng.uniform(0.02, 0.3) * late
-            ent_min = ent_min * (1 - min(1.5 * d_pre, 0.9) * sh.pre)
+            ent_min = ent_min * (1 - min(1.5 * d_pre, 0.9) * kept)
             ent_min = ent_min * (1 - late) + 10 ** rng.uniform(-4, -1.7) * late
-            sat_p = sat_p + 0.1 * sh.pre + rng.uniform(0.4, 0.8) * late
-            kl = kl * (1 + 2 * sh.post)
-        elif spec.kind == "nonfinite":
-            logit = logit * 10 ** (rng.uniform(0.0, 0.5) * sh.pre**2)
-        elif spec.kind == "gradient_collapse":
+            sat_p = sat_p + 0.1 * drift + rng.uniform(0.4, 0.8) * late
+            kl = kl * (1 + 2 * sh.late)
+        elif kind == "nonfinite":
+            logit = logit * 10 ** (rng.uniform(0.0, 0.5) * kept**2)
+        elif kind == "gradient_collapse":
             kl = np.where(sh.after, rng.uniform(0.003, 0.05), kl)
             sat_p = sat_p + rng.uniform(0.5, 0.9) * sh.post
-        elif spec.kind == "oscillation":
-            logit = logit * (1 + 0.5 * sh.pre + sh.post)
-            kl = kl * (1 + sh.post)
+        elif kind == "oscillation":
+            logit = logit * (1 + 0.5 * kept + sh.late)
+            kl = kl * (1 + sh.late)
     dsi = c.dsi_ramp
     kl = (kl * (1 - dsi) + c.dsi_target((0.03, 0.18), (1.6, 3.5)) * dsi) * c.lognormal(0.3)
     saturation = rng.binomial(heads, np.clip(sat_p, 0, 1)) / heads
@@ -285,18 +324,18 @@ def output_traces(c: Ctx) -> dict[str, np.ndarray]:
     rep_level = rng.uniform(0.3, 0.55)  # real: 0.3-0.55 (byte text: spaces, "e")
     rep = rep_level + (0.85 - rep_level) * np.exp(-t / rng.uniform(60, 200)) * (1 - np.exp(-t / 8))
     rep = rep + 0.02 * rng.standard_normal(t.size)
-    if spec.onset is not None:
-        if spec.kind == "nonfinite":
-            logit = logit * 10 ** (rng.uniform(1.0, 3.0) * sh.pre**2)
-        elif spec.kind == "attention_entropy":
-            logit = logit * (1 + rng.uniform(0, 1) * sh.post)
+    for kind, drift, _ in c.precursors():
+        if kind == "nonfinite":
+            logit = logit * 10 ** (rng.uniform(1.0, 3.0) * drift**2)
+        elif kind == "attention_entropy":
+            logit = logit * (1 + rng.uniform(0, 1) * sh.late)
             entropy = entropy * (1 - rng.uniform(0.2, 0.6) * sh.post)  # overconfident
             rep = rep * (1 - sh.post) + rng.uniform(0.5, 1.0) * sh.post
-        elif spec.kind == "gradient_collapse":
+        elif kind == "gradient_collapse":
             logit = logit * (1 - 0.5 * sh.post)
             rep = rep * (1 - sh.post) + rng.uniform(0.6, 1.0) * sh.post
-        elif spec.kind == "oscillation":
-            logit = logit * (1 + sh.pre + sh.post)
+        elif kind == "oscillation":
+            logit = logit * (1 + drift + sh.late)
     return {
         "output_logit_max": logit,
         "output_entropy": np.maximum(entropy, 0.0),
