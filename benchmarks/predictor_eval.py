@@ -64,8 +64,11 @@ def _best(report, source: str, point: str | None) -> tuple[str, float, float]:
 
 
 def _at(name: str, recall: float, fa: float) -> str:
-    """'zclip 0.92 @211': a scorer's recall at its false alarms per 10k healthy steps."""
-    return "—" if name == "—" else f"{name} {recall:.2f} @{fa:.3g}"
+    """'zclip 0.92 @211': a scorer's recall at its false alarms per 10k healthy steps;
+    'none' when no baseline catches anything."""
+    if name == "—":
+        return "—"
+    return f"{name} {recall:.2f} @{fa:.3g}" if recall > 0 else "none"
 
 
 def target_rows(report) -> list[dict]:
