@@ -61,3 +61,31 @@ def muon_log_run(rows: int = 450) -> pd.DataFrame:
     # keep every row but thin the middle to every 5th step, as many loggers do
     keep = (frame["step"] < 150) | (frame["step"] > 300) | (frame["step"] % 5 == 0)
     return frame[keep].reset_index(drop=True)
+
+
+def rewarm_run(steps: int = 900, seed: int = 0) -> pd.DataFrame:
+    """A run (``steps`` > 600) that exercises every context field: warm-up, cosine
+    decay, a re-warm to twice the peak at step 600, attention logits every 10 steps that
+    grow after it, a hole in the log, and a non-finite loss at the end."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)
+    peak = 3e-4
+    cosine = peak * (0.55 + 0.45 * np.cos(np.pi * np.clip(t - 100, 0, None) / steps))
+    lr = np.where(t < 100, peak * (t + 1) / 100, cosine)
+    lr = np.where(t >= 600, np.minimum(2 * peak, lr[599] + (t - 599) * peak / 50), lr)
+    frame = pd.DataFrame({"step": t, "lr": lr})
+    frame["loss"] = 2.5 + 3.0 * np.exp(-t / 150) + rng.normal(0, 0.05, steps)
+    frame.loc[650:, "loss"] += (t[650:] - 650) * 0.004  # it climbs once the LR is high
+    frame["loss_nonfinite"] = 0.0
+    frame["grad_norm"] = rng.lognormal(0, 0.3, steps) * np.where(t >= 600, 3.0, 1.0)
+    frame["param_norm"] = 300.0 + 0.01 * t + rng.normal(0, 1e-3, steps)
+    growth = np.exp(np.clip(t - 620, 0, None) / 80)
+    frame["attn_logit_max"] = np.where(
+        t % 10 == 0, 20.0 * growth + rng.normal(0, 0.5, steps), np.nan
+    )
+    frame["output_logit_max"] = 15.0 + rng.normal(0, 0.3, steps) + 0.02 * np.maximum(t - 600, 0)
+    frame["grad_cv"] = rng.uniform(0.2, 0.5, steps)
+    frame = frame.drop(index=range(400, 430))  # rows missing entirely
+    frame.loc[frame.index[-2:], "loss"] = np.nan
+    frame.loc[frame.index[-2:], "loss_nonfinite"] = 1.0
+    return frame.reset_index(drop=True)

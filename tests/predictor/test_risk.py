@@ -10,8 +10,10 @@ import types
 import numpy as np
 import pytest
 
+from collapse_guard.features import RunContext, reading
 from collapse_guard.predictor import risk as risk_module
 from collapse_guard.predictor.risk import ModelFormatError, RiskModel
+from collapse_guard.signals import SIGNAL_NAMES
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,42 @@ def test_predict_window_equals_predict_run_at_that_step(model, frame):
     many = model.predict_windows([frame.iloc[:300], frame.iloc[:600]])
     np.testing.assert_array_equal(many, risk.loc[frame["step"].iloc[[299, 599]]].to_numpy())
     assert ((risk >= 0) & (risk <= 1)).all()
+
+
+def test_live_context_with_the_last_window_gives_the_run_risk(model, frame):
+    # the guard's and the service's way: the last window plus the live RunContext
+    risk = model.predict_run(frame)
+    ctx = RunContext.from_schema(model.schema)
+    signals = [c for c in frame.columns if c in SIGNAL_NAMES]
+    ends, contexts, tails = frame["step"].to_numpy()[[10, 400, -1]], [], []
+    for row in frame.itertuples(index=False):
+        ctx.update(int(row.step), {name: getattr(row, name) for name in signals})
+        if row.step in ends:
+            tail = frame[(frame["step"] <= row.step) & (frame["step"] > row.step - 200)]
+            assert model.predict_window(tail, context=ctx.get()) == risk.loc[row.step]
+            contexts.append(ctx.get())
+            tails.append(tail)
+    many = model.predict_windows(tails, contexts=contexts)
+    np.testing.assert_array_equal(many, risk.loc[ends].to_numpy())
+    top = model.explain(tails[-1], k=3, context=contexts[-1])
+    assert top == model.explain(frame, k=3)
+    with pytest.raises(ValueError, match="unknown context fields"):
+        model.predict_window(tails[-1], context={"lr_over_peak": 1.0})
+
+
+@pytest.mark.parametrize("factor", [1024.0, 1000.0])
+def test_risk_ignores_the_scale_of_scale_dependent_signals(model, frame, factor):
+    # the same run at another model's size: norms, logits, LR x factor. Tolerance as in
+    # tests/features/test_readings.py: x1024 is exact; x1000 moves features by ~1e-15
+    # relative, far from any split of the trees: the same risk to 1e-12
+    scaled = frame.copy()
+    moved = [s for s in SIGNAL_NAMES if reading(s) == "ratio" and s in frame]
+    assert {"grad_norm", "param_norm", "lr"} <= set(moved)
+    scaled[moved] *= factor
+    for m in (model, RiskModel.load()):  # the test's model and the bundled default
+        base, got = m.predict_run(frame, stride=5), m.predict_run(scaled, stride=5)
+        assert base.std() > 0.01  # the risk moves along the run: a real comparison
+        np.testing.assert_allclose(got.to_numpy(), base.to_numpy(), rtol=0, atol=1e-12)
 
 
 def test_subset_of_signals_still_predicts(model, frame):
