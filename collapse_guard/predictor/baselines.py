@@ -68,6 +68,7 @@ __all__ = [
     "SignalThreshold",
     "ZClipBaseline",
     "default_baselines",
+    "sampled",
 ]
 
 
