@@ -203,7 +203,8 @@ def context_vector(context: Mapping[str, float], names: Sequence[str]) -> np.nda
             f"context must be a mapping of context field -> float (RunContext.get()); got "
             f"{type(context).__name__}"
         )
-    unknown = sorted(str(k) for k in context if k not in set(names))
+    known = set(names)
+    unknown = sorted(str(k) for k in context if k not in known)
     if unknown:
         raise ValueError(
             f"unknown context fields {unknown}; this schema's context fields are "

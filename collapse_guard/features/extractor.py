@@ -223,6 +223,8 @@ class FeatureExtractor:
     def _run_context(self, steps: np.ndarray, present: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The context at sorted ``ends`` from the rows of this extractor's context
         signals (``present``: one row per ``_ctx_signals``)."""
+        if len(self._ctx_slots) == len(CONTEXT_SIGNALS):  # all there, in that order
+            return run_context(self.signals, steps, present, ends)
         values = np.full((len(CONTEXT_SIGNALS), len(steps)), np.nan)
         values[self._ctx_slots] = present
         return run_context(self.signals, steps, values, ends)
