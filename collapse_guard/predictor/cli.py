@@ -363,6 +363,8 @@ def evaluate_command(
         _fail(console, f"--budget must be a positive number of false alarms per 10k; got {budget}")
     records = load_runs(run_paths(runs))
     if leave_one_out is not None:
+        if model is not None:
+            console.print("note: --leave-one-out trains its own models; --model is not used")
         _leave_one_out(console, records, leave_one_out, synthetic=synthetic, budget=budget)
         return
 
@@ -370,7 +372,13 @@ def evaluate_command(
 
     risk_model = RiskModel.load(model)
     name = risk_model.meta["version"]
-    unseen, seen = SeenRuns.from_meta(risk_model.meta).partition(r.run_id for r in records)
+    seen_runs = SeenRuns.from_meta(risk_model.meta)
+    if not seen_runs.known:
+        console.print(
+            f"[yellow]warning:[/] model {name} stores no training or validation run ids (trained "
+            "before they were recorded): make sure these runs are not ones it trained on"
+        )
+    unseen, seen = seen_runs.partition(r.run_id for r in records)
     n_seen = sum(len(v) for v in seen.values())
     if n_seen and not (unseen_only or include_seen):
         _fail(

@@ -201,3 +201,17 @@ def test_evaluate_bad_leave_one_out_is_one_line(runs_dir):
     # the ops runs are all synthetic: nothing to hold out
     result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), "--leave-one-out", "family"])
     assert result.exit_code == 2 and "at least two family values" in result.output
+
+
+def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):
+    from collapse_guard.predictor.risk import RiskModel
+
+    folder, _ = own_model
+    old = RiskModel.load(folder)
+    for key in ("split", "train_run_ids", "validation_run_ids"):
+        old.meta.pop(key)
+    runs = sorted(runs_dir.glob("*.parquet"))[:6]
+    args = [a for p in runs for a in ("--runs", str(p))]
+    result = runner.invoke(app, ["evaluate", *args, "--model", str(old.save(tmp_path / "old"))])
+    assert result.exit_code == 0, result.output
+    assert "stores no training or validation run ids" in " ".join(result.output.split())
