@@ -54,6 +54,9 @@ class _ScoredProbe:
         self.every, self.steps = every, steps
         self.records: list[dict[str, float]] = []
         self.risk: dict[int, float] = {}
+        from collapse_guard.features import RunContext  # the run so far, for the windows
+
+        self.context = RunContext.from_schema(model.schema)
 
     def after_backward(self, loss) -> None:
         self.probe.after_backward(loss)
@@ -62,9 +65,11 @@ class _ScoredProbe:
         record = self.probe.after_step()
         self.records.append(record)
         step = len(self.records) - 1
+        self.context.update(step, record)
         if step % self.every == 0 or step == self.steps - 1:
             first = max(0, step + 1 - self.model.schema.window)
-            p = self.risk[step] = self.model.predict_window(_frame(self.records, first))
+            window = _frame(self.records, first)
+            p = self.risk[step] = self.model.predict_window(window, context=self.context.get())
             row = [_cell(record[key]) for key, _ in _COLUMNS]
             self.table.add_row(str(step), *row, f"{p:.2f}", self.model.level(p))
         return record
