@@ -15,10 +15,13 @@ measured non-finite. A NaN ``loss`` whose ``loss_nonfinite`` flag is 1 (or a NaN
 
 How it works: one compiled loop (numba) visits each (window, signal) in turn, finds
 the window's last finite value and computes every statistic in one pass over that
-window's own ``window`` values, in a fixed order; the DSI features take one more pass
-over the window's three DSI rows. Sums are taken of ``y = value - last`` (shift by the
-last value: sums of squares stay accurate for values far from 0, such as parameter
-norms or bytes of memory, and a constant window gives a std of exactly 0).
+window's own ``window`` values, in a fixed order (the statistics of every reading,
+:mod:`collapse_guard.features.readings`: the plan's columns keep those of the signal's
+reading); the DSI features take one more pass over the window's three DSI rows. The run
+context is not a window's and has its own accumulator
+(:mod:`collapse_guard.features.context_kernel`). Sums are taken of ``y = value - last``
+(shift by the last value: sums of squares stay accurate for values far from 0, such as
+parameter norms or bytes of memory, and a constant window gives a std of exactly 0).
 
 Why numba rather than numpy:
 
