@@ -37,6 +37,7 @@ from collapse_guard.features.context_kernel import (
     emit,
     fresh_state,
 )
+from collapse_guard.features.schema import FeatureSchema
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = ["RunContext", "context_vector", "run_context"]
@@ -75,7 +76,7 @@ class RunContext:
         self.reset()
 
     @classmethod
-    def from_schema(cls, schema: Any) -> RunContext:
+    def from_schema(cls, schema: FeatureSchema) -> RunContext:
         """The accumulator of a feature schema's context fields (``schema.context``)."""
         ctx = cls(schema.signals)
         if ctx.names != tuple(schema.context):
