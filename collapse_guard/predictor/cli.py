@@ -60,6 +60,13 @@ def _fmt(value, digits: int = 3) -> str:
     return "—" if value is None or value != value else f"{value:.{digits}g}"
 
 
+def _rate(value) -> str:
+    # a false-alarm rate: whole numbers past 10 (211, not 2.1e+02), two digits below
+    if value is None or value != value:
+        return "—"
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
 # where each threshold came from, in a table's words (evaluation.report)
 _FITTED_ON = {"validation": "val", "rule": "rule", "test": "test*"}
 _FITTED_NOTE = (
@@ -193,22 +200,23 @@ def print_groups(console, report) -> None:
 
 
 def holdout_table(holdout, title: str):
-    """Rich table: recall (median lead) per held-out group and scorer, and the mean."""
+    """Rich table: one row per scorer, one column per held-out group and the mean; each
+    cell 'recall (median lead) @false alarms per 10k healthy steps'."""
     from rich import box
     from rich.table import Table
 
     recall, lead = holdout.wide("recall"), holdout.wide("median_lead")
     fa = holdout.wide("fa_per_10k")
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column(holdout.grouping)
-    for scorer in recall.columns:
-        table.add_column(scorer, justify="right")
+    table.add_column("scorer", no_wrap=True)
     for group in recall.index:
+        table.add_column(str(group), justify="right", no_wrap=True)
+    for scorer in recall.columns:
         cells = []
-        for scorer in recall.columns:
+        for group in recall.index:
             r, lead_, fa_ = (f.loc[group, scorer] for f in (recall, lead, fa))
-            cells.append("—" if r != r else f"{r:.2f} ({_fmt(lead_)}) {_fmt(fa_, 2)}")
-        table.add_row(str(group), *cells, end_section=group == recall.index[-2])
+            cells.append("—" if r != r else f"{r:.2f} ({_fmt(lead_)}) @{_rate(fa_)}")
+        table.add_row(scorer, *cells, style="bold" if scorer == "model" else None)
     return table
 
 
@@ -435,7 +443,7 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
     except ValueError as error:
         _fail(console, str(error))
     title = (
-        f"leave-one-{grouping}-out: recall (median lead) FA/10k on the held-out {grouping}; "
+        f"leave-one-{grouping}-out: recall (median lead) @FA/10k on each held-out {grouping}; "
         "model at its stored warn level, rules as they fire, tuned baselines at their "
         "validation thresholds"
     )
