@@ -65,3 +65,18 @@ def test_without_synthetic_runs_or_with_one_family_only(families):
         leave_one_group_out([r for r in real if r.meta.config["family"] == "gpt"])
     with pytest.raises(ValueError, match="one of"):
         leave_one_group_out(families, by="colour")
+
+
+def test_the_cli_table_has_a_row_per_scorer_and_fits_80_columns(holdout):
+    from rich.console import Console
+
+    from collapse_guard.predictor.cli import holdout_table
+
+    console = Console(width=80, record=True)
+    console.print(holdout_table(holdout, "leave-one-family-out"))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    model = next(line for line in text.splitlines() if line.strip().startswith("model"))
+    gpt = holdout.folds[0].report.result("model").events
+    assert f"{gpt.recall:.2f}" in model and "@" in model
+    assert "gpt" in text and "rope_swiglu" in text and "mean" in text
