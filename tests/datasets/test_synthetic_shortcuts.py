@@ -33,17 +33,13 @@ RATE_FACTOR = (0.5, 2.0)
 # a precursor seen in fewer than 15% of collapses is mostly that noise, and its rate
 # ratio says nothing. Those rows are reported, not judged.
 DETECTABLE = 0.15
-# Largest folded AUROC any single signal's window statistic may reach between the
-# collapses' last window before onset and a healthy run's window at a matched place.
-# Before the decoys param_norm reached 0.78 (400 runs of seed 0) and update_ratio 0.74.
+# Largest folded AUROC any single signal's window statistic (drift, curvature) may
+# reach between the collapses' last window before onset and a healthy run's window at
+# a matched place. Before the decoys param_norm reached 0.78 (400 runs of seed 0) and
+# update_ratio 0.74; now the largest is the attention logit's curvature, 0.68 on 400
+# runs and 0.73 on this test's 200: the one precursor real runs are known to carry
+# strongly (issue 8: a tuned threshold on it catches about half of the real collapses).
 MAX_AUROC = 0.75
-# ... but for the largest attention logit, the one precursor real runs are known to
-# carry this strongly (issue 8: one tuned threshold on it catches about half of the real
-# collapses; calibration's pre_logit_drift keeps the synthetic growth at the real runs'
-# median). Measured: 0.72-0.73 on 400 runs of seed 0, 0.78 on this test's 200 (0.72 at
-# the generator's onset: the rest is the label's onset coming 0-70 steps later, inside
-# the collapse, as it does on real runs whose logits explode as the loss rises).
-MAX_AUROC_ATTN_LOGIT = 0.8
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +52,8 @@ def test_healthy_runs_show_each_precursor_about_as_often_as_collapses(sample):
     rates = precursor_rates(sample)
     print("\n" + rates.to_string())
     judged = rates[rates.collapsing >= DETECTABLE]
-    # the detectors see the precursors that make the shortcuts: at least these
-    assert {"param_norm growth", "output-logit growth", "update_cos fall (DSI)"} <= set(
+    # the detectors see the precursors: at least these, of three families
+    assert {"output-logit growth", "update reversals", "update_cos fall (DSI)"} <= set(
         judged.precursor
     ), rates.to_string()
     lo, hi = RATE_FACTOR
@@ -69,7 +65,7 @@ def test_without_decoys_the_rate_check_fails():
     """The check can fail: the generator without decoys is the one issue 8 measured."""
     runs = draw_sample(120, seed=0, config=SamplerConfig(decoy_share=0.0))
     rates = precursor_rates(runs).set_index("precursor")
-    assert rates.loc["param_norm growth", "ratio"] < RATE_FACTOR[0], rates.to_string()
+    assert rates.loc["output-logit growth", "ratio"] < RATE_FACTOR[0], rates.to_string()
     assert rates.loc["update reversals", "ratio"] < RATE_FACTOR[0], rates.to_string()
 
 
@@ -80,9 +76,8 @@ def test_no_single_signal_separates_collapsing_from_healthy_runs(sample):
     every_run = bounded[~bounded.signal.isin(["loss_scale", "overflow"])]  # AMP runs only
     assert (every_run.n_collapsed >= 50).all(), every_run.to_string()
     assert set(LOG_SIGNALS) <= set(bounded.signal)
-    limit = np.where(bounded.signal == "attn_logit_max", MAX_AUROC_ATTN_LOGIT, MAX_AUROC)
-    over = bounded[bounded.auroc >= limit]
-    assert over.empty, f"single signals separating past their bound:\n{over.to_string()}"
+    over = bounded[bounded.auroc >= MAX_AUROC]
+    assert over.empty, f"single signals separating at AUROC >= {MAX_AUROC}:\n{over.to_string()}"
 
 
 def test_a_planted_shortcut_is_caught(sample):

@@ -290,7 +290,12 @@ class Precursor:
 # ramp; drift where the precursor is a move of the level.
 PRECURSORS: tuple[Precursor, ...] = (
     Precursor(
-        "param_norm growth", "attention_entropy, nonfinite", "param_norm", "curvature", 1, 0.007
+        "param_norm growth",
+        "nonfinite, oscillation (larger updates)",
+        "param_norm",
+        "curvature",
+        1,
+        0.007,
     ),
     Precursor(
         "attention-logit growth",

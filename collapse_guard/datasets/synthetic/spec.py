@@ -49,7 +49,8 @@ COLLAPSE_KINDS: tuple[str, ...] = (
 KINDS: tuple[str, ...] = ("healthy", *COLLAPSE_KINDS)
 # Bump when the same (seed, index) makes a different run; stored in every run file's
 # extra, so a training set can tell the generators apart. 2: healthy runs carry the
-# collapses' precursors as decoys; param norm grows with the LR (issue 8).
+# collapses' precursors as decoys; the param norm grows at the pace of the updates
+# (the LR, and larger updates in a blow-up or collapse), with no growth of its own (issue 8).
 SYNTHETIC_VERSION = 2
 
 # What label.label_run should call each outcome; used for the agreement report.
