@@ -215,6 +215,8 @@ def context_vector(context: Mapping[str, float], names: Sequence[str]) -> np.nda
 
 
 def _as_float(value: Any, name: str) -> float:
+    if value is None:  # JSON's "unknown" (it has no NaN), as a run file's writer reads it
+        return math.nan
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -221,8 +221,10 @@ def test_a_context_mapping_is_checked_and_may_be_partial():
     n = len(fx.schema.names) - len(fx.schema.context)
     with pytest.raises(ValueError, match=r"unknown context fields \['ctx__lr'\].*ctx__steps"):
         fx.transform_window(frame, context={"ctx__lr": 1.0})
-    partial = fx.transform_window(frame, context={"ctx__steps": 29})
-    assert partial[n] == 29.0 and np.isnan(partial[n + 1 :]).all()  # missing: unknown
+    partial = fx.transform_window(frame, context={"ctx__steps": 29, "ctx__lr_over_peak": None})
+    assert partial[n] == 29.0 and np.isnan(partial[n + 1 :]).all()  # missing/None: unknown
+    with pytest.raises(ValueError, match="ctx__steps must be a number"):
+        fx.transform_window(frame, context={"ctx__steps": "29 steps"})
     assert np.isnan(fx.transform_window(frame, context={})[n:]).all()
     with pytest.raises(ValueError, match="one entry per frame"):
         fx.transform_windows([frame, frame], contexts=[{}])
