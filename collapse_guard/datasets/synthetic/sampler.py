@@ -272,8 +272,14 @@ def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) 
         count += int(rng.poisson(cfg.decoys_per_kstep * max(n - 1000, 0) / 1000))
         decoys = sorted((_draw_decoy(rng, cfg, n, warmup) for _ in range(count)), key=_peak)
 
-    # Gaps stay clear of the onset region so that the label sees the collapse happen.
-    avoid = None if onset is None else (onset - lead - 50, onset + rise_steps + 300)
+    # Row gaps stay clear of the onset region so that the label sees the collapse
+    # happen, and so of a healthy run's first decoy: a precursor no row gap ever hides
+    # beside decoys that gaps sometimes do would itself tell the two apart.
+    avoid = None
+    if onset is not None:
+        avoid = (onset - lead - 50, onset + rise_steps + 300)
+    elif decoys:
+        avoid = (decoys[0].peak - decoys[0].lead - 50, decoys[0].peak + 300)
     gaps = []
     if rng.random() < cfg.row_gap_share:
         length = int(rng.integers(20, 300))
