@@ -50,7 +50,8 @@ KINDS: tuple[str, ...] = ("healthy", *COLLAPSE_KINDS)
 # Bump when the same (seed, index) makes a different run; stored in every run file's
 # extra, so a training set can tell the generators apart. 2: healthy runs carry the
 # collapses' precursors as decoys; the param norm grows at the pace of the updates
-# (the LR, and larger updates in a blow-up or collapse), with no growth of its own (issue 8).
+# (the LR, and larger updates in a blow-up or collapse), and no collapse adds growth of
+# its own (issue 8).
 SYNTHETIC_VERSION = 2
 
 # What label.label_run should call each outcome; used for the agreement report.
