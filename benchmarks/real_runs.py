@@ -1,10 +1,15 @@
-"""Real-run generation throughput and outcome mix (issue 3 target: >= 200 runs with
->= 70 collapses of >= 3 kinds in <= 60 minutes on the 2-core machine).
+"""Real-run generation throughput and outcome mix, per family, optimizer, data and onset kind.
 
-    OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/real_runs.py --n 200 --workers 2
+Issue 8 targets: >= 3 families x 2 optimizers x 2 data kinds; of >= 400 runs, >= 150
+collapses that develop (onset >= 50 steps after every trigger before it) and >= 80
+sudden ones (< 10 steps after their trigger); runs per minute recorded.
 
-Resumable like the command: rerun with the same ``--out`` to finish a sweep; figures
-about time count only the runs made by this call.
+    OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/real_runs.py --n 400 --workers 2 \\
+        --out /root/cg-data/real
+
+Resumable like the command: rerun with the same ``--out`` to finish a sweep, or with
+``--n`` no larger than what is there to only report; figures about time count only the
+runs made by this call.
 """
 
 from __future__ import annotations
@@ -13,15 +18,45 @@ import argparse
 import os
 import statistics
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "mix_table"]
+
+DEVELOPS_LEAD = 50  # steps: issue 8 counts a collapse as developing at 50+ steps after
+
+
+def _outcome(meta) -> str:
+    """``healthy``, ``sudden``, ``develops`` (>= 50 steps after) or ``develops<50``."""
+    kind = meta.extra.get("onset_kind")
+    if kind is None:
+        return "healthy"
+    if kind == "develops" and meta.extra.get("trigger_to_onset", 0) < DEVELOPS_LEAD:
+        return "develops<50"
+    return kind
+
+
+OUTCOMES = ("healthy", "develops", "develops<50", "sudden")
+
+
+def mix_table(metas, key: str) -> list[str]:
+    """Rows ``value: runs, healthy, develops, develops<50, sudden`` grouped by config ``key``."""
+    groups: dict[str, Counter] = defaultdict(Counter)
+    for meta in metas:
+        groups[str(meta.config.get(key))][_outcome(meta)] += 1
+    width = max(len(k) for k in groups) if groups else 4
+    rows = [f"  {key:<{width}}  runs  " + "  ".join(f"{o:>11}" for o in OUTCOMES)]
+    for value, counts in sorted(groups.items()):
+        rows.append(
+            f"  {value:<{width}}  {sum(counts.values()):>4}  "
+            + "  ".join(f"{counts[o]:>11}" for o in OUTCOMES)
+        )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200, help="runs in the sweep")
+    parser.add_argument("--n", type=int, default=400, help="runs in the sweep")
     parser.add_argument("--workers", type=int, default=2, help="local worker processes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the config sweep")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: config)")
@@ -39,36 +74,33 @@ def main() -> None:
     paths = generate_real_runs(args.n, args.out, workers=args.workers, seed=args.seed, steps=steps)
     minutes = (time.perf_counter() - began) / 60
     metas = [read_meta(path) for path in paths]
-    collapsed = [m for m in metas if m.onset_step is not None]
     made = len(paths) - existing
 
     print(f"runs: {len(metas)} ({made} made by this call, {existing} already there)")
     if made:
         print(f"time: {minutes:.1f} min, {made / minutes:.2f} runs/min with {args.workers} workers")
-        print(f"projected for 200 runs: {200 / (made / minutes):.0f} min")
     seconds = [m.extra["seconds"] for m in metas]
+    per_step = [m.extra["seconds"] / m.extra["steps_run"] * 1000 for m in metas]
     print(
-        f"seconds per run (one worker): mean {statistics.mean(seconds):.1f}, max {max(seconds):.1f}"
+        f"seconds per run (one worker): mean {statistics.mean(seconds):.1f}, "
+        f"max {max(seconds):.1f}; ms per step: median {statistics.median(per_step):.0f}"
     )
-    print(f"collapsed: {len(collapsed)} ({len(collapsed) / len(metas):.0%})")
-    print("  by cause:", dict(Counter(m.extra["collapse_cause"] for m in collapsed)))
-    print("  by label kind:", dict(Counter(m.extra["collapse_kind"] for m in collapsed)))
-    onsets = sorted(m.onset_step / m.config["steps"] for m in collapsed)
-    if onsets:
-        quartiles = statistics.quantiles(onsets, n=4) if len(onsets) > 1 else onsets * 3
-        print("  onset / steps, quartiles:", ", ".join(f"{q:.2f}" for q in quartiles))
+    outcomes = Counter(_outcome(m) for m in metas)
+    print(
+        "outcomes:",
+        ", ".join(f"{o} {outcomes[o]} ({outcomes[o] / len(metas):.0%})" for o in OUTCOMES),
+    )
+    for key in ("recipe", "family", "optimizer", "data"):
+        print("\n".join(mix_table(metas, key)))
+    collapsed = [m for m in metas if m.onset_step is not None]
+    print("collapse causes:", dict(Counter(m.extra["collapse_cause"] for m in collapsed)))
+    gaps = sorted(m.extra["trigger_to_onset"] for m in collapsed)
+    if len(gaps) > 1:
+        quartiles = statistics.quantiles(gaps, n=4)
+        print("trigger to onset, steps, quartiles:", ", ".join(f"{q:.0f}" for q in quartiles))
     healthy = [m for m in metas if m.onset_step is None]
     spiky = sum(bool(m.extra.get("spikes")) for m in healthy)
-    hard = sum(m.config["lr"] >= 0.03 for m in healthy)
-    print(f"healthy: {len(healthy)}, with recovered spikes {spiky}, at LR >= 0.03 {hard}")
-    print(
-        "by recipe (runs/collapsed):",
-        {
-            recipe: f"{sum(m.config['recipe'] == recipe for m in metas)}/"
-            f"{sum(m.config['recipe'] == recipe for m in collapsed)}"
-            for recipe in sorted({m.config["recipe"] for m in metas})
-        },
-    )
+    print(f"healthy: {len(healthy)}, with recovered spikes {spiky}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ __all__ = ["real_command"]
 
 
 def real_command(
-    n: Annotated[int, typer.Option("--n", help="Number of runs in the sweep.")],
-    workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 2,
+    n: Annotated[int, typer.Option("--n", min=0, help="Number of runs in the sweep.")],
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Local worker processes.")] = 2,
     out: Annotated[Path, typer.Option("--out", help="Folder for the run files.")] = Path(
         "runs/real"
     ),
@@ -27,10 +27,11 @@ def real_command(
         typer.Option("--scheduler", help="Dask scheduler address; runs go to its workers."),
     ] = None,
     steps: Annotated[
-        int, typer.Option("--steps", help="Optimizer steps per run.")
+        int, typer.Option("--steps", min=1, help="Optimizer steps per run.")
     ] = RealRunConfig.steps,
 ) -> None:
-    """Train N small GPTs with sampled knobs and faults; write labelled run files to OUT.
+    """Train N small transformers (3 families, 3 optimizers, 2 kinds of data) with sampled
+    recipes, knobs and faults; write labelled run files to OUT.
 
     Resumable: run files already in OUT are kept, unfinished ones are redone.
     """
@@ -38,16 +39,28 @@ def real_command(
     from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
     from collapse_guard.datasets.runfile import read_meta
 
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, no permission: one line, not a traceback
+        typer.echo(
+            f"error: {out}: cannot make the folder for the run files ({err.strerror}); "
+            "pass --out a folder you can write to",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     existing = sum((out / f"{run_id_for(seed, i)}.parquet").exists() for i in range(n))
     began = time.perf_counter()
     paths = generate_real_runs(n, out, workers=workers, seed=seed, scheduler=scheduler, steps=steps)
     minutes = (time.perf_counter() - began) / 60
     metas = [read_meta(path) for path in paths]
-    causes = Counter(m.extra.get("collapse_cause") for m in metas if m.onset_step is not None)
+    collapsed = [m for m in metas if m.onset_step is not None]
+    kinds = Counter(m.extra.get("onset_kind") for m in collapsed)
+    causes = Counter(m.extra.get("collapse_cause") for m in collapsed)
     made = len(paths) - existing
     rate = f", {made / minutes:.2f} runs/min" if made else ""
     typer.echo(
-        f"{len(paths)} runs in {out}: {sum(causes.values())} collapsed ("
+        f"{len(paths)} runs in {out}: {len(collapsed)} collapsed "
+        f"({kinds['develops']} develop, {kinds['sudden']} sudden; "
         + ", ".join(f"{cause} {count}" for cause, count in causes.most_common())
         + f"); made {made} in {minutes:.1f} min{rate}, {existing} already there"
     )

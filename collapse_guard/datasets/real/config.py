@@ -1,4 +1,4 @@
-"""One real run's settings: model, optimizer, schedule, precision and injected fault.
+"""One real run's settings: family, model, optimizer, data, schedule, precision and fault.
 
 A flat dataclass in the manner of nanoGPT's ``train.py`` globals: every default is the
 healthy baseline and carries its unit and reason. The whole config is stored in the
@@ -12,10 +12,36 @@ from dataclasses import asdict, dataclass
 
 from collapse_guard._config import reject_unknown_keys
 
-__all__ = ["FAULTS", "PRECISIONS", "RealRunConfig"]
+__all__ = [
+    "DATA_KINDS",
+    "FAMILIES",
+    "FAULTS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SECOND_MOMENTS",
+    "RealRunConfig",
+]
 
-# injected faults (``none`` = clean run); see ``faults.py`` for what each does
-FAULTS = ("none", "corrupt_batch", "grad_spike", "opt_reset", "lr_jump")
+# model families (``models/``): the evaluation leaves one out at a time
+FAMILIES = ("gpt", "rope_swiglu", "mha")
+# optimizers (``optim.py``); ``sgd`` is SGD with Nesterov momentum ``beta1``
+OPTIMIZERS = ("adamw", "lion", "sgd")
+# optimizer -> its second-moment state keys (what ``opt_reset`` zeroes); Lion and SGD
+# keep only a momentum, whose loss is benign, so ``opt_reset`` is refused for them
+SECOND_MOMENTS = {"adamw": ("exp_avg_sq",)}
+# training data (``data.py``): byte-level standard-library text, or the procedural language
+DATA_KINDS = ("bytes", "language")
+# injected faults (``none`` = clean run); see ``faults.py`` for what each does. The
+# ``*_ramp`` kinds grow over ``fault_steps`` steps: collapses that develop
+FAULTS = (
+    "none",
+    "corrupt_batch",
+    "grad_spike",
+    "opt_reset",
+    "lr_jump",
+    "lr_ramp",
+    "corrupt_ramp",
+)
 # ``fp16`` is autocast without a loss scaler: overflows become inf/NaN, as on a GPU
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -25,9 +51,11 @@ class RealRunConfig:
     # run
     recipe: str = "custom"  # which sampler recipe drew this config (sampler.RECIPES)
     seed: int = 0  # seeds the init, the batch order and the fault's random bytes
-    steps: int = 600  # optimizer steps; ~50 ms each with the probe on a busy 2-core machine:
-    # ~30 s a run, so 200 runs take ~50 min on 2 workers
-    # model (collapse_guard.datasets.real.model.GPTConfig)
+    steps: int = 1000  # optimizer steps; with the probe, 2x64 at batch 16: 37-57 ms each on
+    # a quiet core, 100-150 ms with the 2 cores shared 3 ways (measured, pilots of
+    # issue 8): 40-60 s a run on a quiet machine
+    # model (collapse_guard.datasets.real.models.ModelConfig)
+    family: str = "gpt"  # one of FAMILIES
     n_layer: int = 2
     n_head: int = 4
     d_model: int = 64  # width; 136k parameters at 2 layers
@@ -36,8 +64,11 @@ class RealRunConfig:
     pre_ln: bool = True  # False = post-LN, which diverges at high LR without warmup
     init_scale: float = 1.0  # multiplies the 0.02 init std; >3 makes early logits large
     # data
+    data: str = "bytes"  # one of DATA_KINDS
+    vocab_size: int = 256  # bytes: 256; language: its own vocabulary (64-512)
     batch_size: int = 16  # sequences per step; smaller batches are noisier, less stable
-    # adamw optimizer
+    # optimizer
+    optimizer: str = "adamw"  # one of OPTIMIZERS
     lr: float = 3e-3  # peak learning rate; >= ~0.05 collapses attention without qk_norm
     warmup_steps: int = 100  # linear warmup from 0 to lr, then cosine decay
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
@@ -48,28 +79,50 @@ class RealRunConfig:
     rewarm_step: int = 0  # 0 = no re-warming
     rewarm_steps: int = 1  # ramp length, steps
     rewarm_lr: float = 0.0  # second peak LR
-    beta1: float = 0.9
-    beta2: float = 0.95  # small beta2 (0.5-0.8) makes the second moment jumpy
-    eps: float = 1e-8  # tiny eps lets near-zero second moments blow updates up
-    weight_decay: float = 0.1  # decoupled (AdamW), on matrices only (nanoGPT)
+    beta1: float = 0.9  # AdamW/Lion first moment; SGD's momentum
+    beta2: float = 0.95  # AdamW: small beta2 (0.5-0.8) makes the second moment jumpy;
+    # Lion: the momentum's own decay (0.99 in Chen et al. 2023)
+    eps: float = 1e-8  # AdamW only: tiny eps lets near-zero second moments blow updates up
+    weight_decay: float = 0.1  # on matrices only (nanoGPT); decoupled for AdamW and Lion,
+    # an L2 term for SGD
     grad_clip: float = 1.0  # clip the global grad norm at this value; 0.0 disables clipping
     # precision
     precision: str = "fp32"  # one of PRECISIONS; bf16/fp16 are emulated (precision.py)
     # injected fault (faults.py)
     fault: str = "none"  # one of FAULTS
     fault_step: int = 0  # first step of the fault
-    fault_steps: int = 1  # how many consecutive steps it lasts (lr_jump: until the end)
-    fault_scale: float = 1.0  # grad_spike: gradient multiplier; lr_jump: LR multiplier
+    fault_steps: int = 1  # how many consecutive steps it lasts (lr_jump: until the end;
+    # the *_ramp kinds: steps to reach full strength, then held to the end)
+    fault_scale: float = 1.0  # grad_spike: gradient multiplier; lr_jump, lr_ramp: LR
+    # multiplier (reached at the end of the ramp); corrupt_ramp: final share of random tokens
 
     def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
+        for name, known in (
+            ("family", FAMILIES),
+            ("optimizer", OPTIMIZERS),
+            ("data", DATA_KINDS),
+            ("fault", FAULTS),
+            ("precision", PRECISIONS),
+        ):
+            if getattr(self, name) not in known:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not known; "
+                    f"expected one of {', '.join(known)}"
+                )
+        if self.data == "bytes" and self.vocab_size != 256:
             raise ValueError(
-                f"fault={self.fault!r} is not known; expected one of {', '.join(FAULTS)}"
+                f"byte-level data has vocab_size 256, got {self.vocab_size}; "
+                "leave vocab_size at 256 or use data='language'"
             )
-        if self.precision not in PRECISIONS:
+        if self.fault == "opt_reset" and self.optimizer not in SECOND_MOMENTS:
             raise ValueError(
-                f"precision={self.precision!r} is not known; "
-                f"expected one of {', '.join(PRECISIONS)}"
+                f"opt_reset zeroes second moments, which optimizer={self.optimizer!r} does "
+                f"not keep; use it with {', '.join(SECOND_MOMENTS)} or pick another fault"
+            )
+        if self.fault == "corrupt_ramp" and not 0.0 < self.fault_scale <= 1.0:
+            raise ValueError(
+                f"corrupt_ramp's fault_scale is a share of tokens in (0, 1], got "
+                f"{self.fault_scale}; pass e.g. 0.5"
             )
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}; pass a positive count")
@@ -89,6 +142,19 @@ class RealRunConfig:
         reject_unknown_keys(cls, data)
         return cls(**data)
 
+    def triggers(self) -> list[int]:
+        """Sorted steps at which an intervention began: what a collapse may follow.
+
+        Step 0 always (training starts at the config's own LR, which may be the cause),
+        the re-warm's start and the fault's first step when the run has them.
+        """
+        steps = {0}
+        if self.rewarm_step:
+            steps.add(self.rewarm_step)
+        if self.fault != "none":
+            steps.add(self.fault_step)
+        return sorted(steps)
+
     def lr_at(self, step: int) -> float:
         """Scheduled LR: warmup, cosine to ``lr * min_lr_ratio``; then any re-warming."""
         if self.rewarm_step and step >= self.rewarm_step:
@@ -107,10 +173,11 @@ class RealRunConfig:
         return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
     def model_config(self):
-        """The ``GPTConfig`` of this run (imports torch)."""
-        from collapse_guard.datasets.real.model import GPTConfig
+        """The ``ModelConfig`` of this run (imports torch)."""
+        from collapse_guard.datasets.real.models import ModelConfig
 
-        return GPTConfig(
+        return ModelConfig(
+            vocab_size=self.vocab_size,
             seq_len=self.seq_len,
             n_layer=self.n_layer,
             n_head=self.n_head,

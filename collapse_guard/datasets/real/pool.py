@@ -116,9 +116,9 @@ def generate_real_runs(
 
 
 def _drain(results: Iterator[RunResult], *, total: int, done: int, show: bool) -> None:
-    """Consume ``results`` while a rich progress bar counts runs and collapses."""
-    causes: Counter[str] = Counter()
+    """Consume ``results`` while a rich progress bar counts healthy, developing and sudden runs."""
+    kinds: Counter[str] = Counter()
     with run_progress("[bold]real runs", total=total, done=done, enabled=show) as advance:
         for result in results:
-            causes[result.cause or "healthy"] += 1
-            advance(", ".join(f"{cause} {count}" for cause, count in causes.most_common()))
+            kinds[result.onset_kind or "healthy"] += 1
+            advance(", ".join(f"{kind} {count}" for kind, count in kinds.most_common()))

@@ -39,5 +39,5 @@ def emulate_precision(model, precision: str) -> None:
         return output
 
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)):
             module.register_forward_hook(round_output)

@@ -1,15 +1,15 @@
-"""One real run: train the small GPT with the probe recording, label it, write it.
+"""One real run: train a small decoder with the probe recording, label it, write it.
 
 The loop is nanoGPT's, with the fault hooks and the probe in their places::
 
     for step in range(steps):
         lr = schedule(step) * fault LR multiplier     # set on every param group
-        x, y = batch (or random bytes: corrupt_batch)
+        x, y = batch (or random tokens: corrupt_batch, corrupt_ramp)
         loss = model(x, y); loss.backward()
         <grad_spike scales the gradients>
         probe.after_backward(loss)                    # gradients before clipping
         clip (unless grad_clip == 0)
-        <opt_reset wipes AdamW's state>
+        <opt_reset wipes the second moments>
         optimizer.step(); probe.after_step()          # one row of the run file
 
 A finished run file appears only by rename: the probe records into ``<name>.tmp``,
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collapse_guard.datasets.real.config import RealRunConfig
-from collapse_guard.datasets.real.corpus import load_corpus
+from collapse_guard.datasets.real.data import BatchSource
 from collapse_guard.datasets.real.faults import FaultInjector
+from collapse_guard.datasets.real.onset import onset_kind
 from collapse_guard.datasets.real.precision import emulate_precision
 
 __all__ = [
@@ -57,6 +58,7 @@ class RunResult:
     cause: str | None  # collapse_cause(): which mechanism most likely did it
     steps_run: int  # fewer than config.steps when a non-finite run was stopped
     seconds: float  # wall time of the whole run, training and writing
+    onset_kind: str | None = None  # onset.onset_kind(): "sudden", "develops" or None
 
 
 def temp_path(path: Path) -> Path:
@@ -65,27 +67,16 @@ def temp_path(path: Path) -> Path:
 
 
 def build(config: RealRunConfig):
-    """Seeded model and AdamW: weight decay on matrices only, as in nanoGPT."""
+    """Seeded model of ``config.family`` and its optimizer (``optim.build_optimizer``)."""
     import torch
 
-    from collapse_guard.datasets.real.model import GPT
+    from collapse_guard.datasets.real.models import build_model
+    from collapse_guard.datasets.real.optim import build_optimizer
 
     torch.manual_seed(config.seed)
-    model = GPT(config.model_config())
+    model = build_model(config.family, config.model_config())
     emulate_precision(model, config.precision)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=config.lr_at(0),
-        betas=(config.beta1, config.beta2),
-        eps=config.eps,
-        fused=True,  # one kernel for all tensors: 1.8 ms a step instead of 4.4 ms here
-    )
-    return model, optimizer
+    return model, build_optimizer(config, model)
 
 
 def train(config: RealRunConfig, model, optimizer, probe) -> int:
@@ -96,20 +87,15 @@ def train(config: RealRunConfig, model, optimizer, probe) -> int:
     """
     import torch
 
-    corpus = torch.from_numpy(load_corpus().copy())
-    offsets = torch.arange(config.seq_len + 1)
     generator = torch.Generator().manual_seed(config.seed)
+    batches = BatchSource(config, generator)
     faults = FaultInjector(config)
     nonfinite_streak = 0
     for step in range(config.steps):
         lr = config.lr_at(step) * faults.lr_multiplier(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(
-            len(corpus) - config.seq_len - 1, (config.batch_size,), generator=generator
-        )
-        tokens = corpus[starts[:, None] + offsets].long()  # (batch, seq_len + 1)
-        x, y = faults.batch(step, tokens[:, :-1], tokens[:, 1:], generator)
+        x, y = faults.batch(step, *batches.next(), generator)
         _, loss = model(x, y)
         loss.backward()
         faults.after_backward(step, model)
@@ -167,13 +153,20 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     label = label_run(frame)
     meta = apply_label(meta, label)
     cause = collapse_cause(config, label, frame)
+    triggers = config.triggers()
+    kind, gap = onset_kind(triggers, label.onset_step)
     seconds = time.perf_counter() - began
     meta.extra.update(
         collapse_cause=cause,
+        triggers=triggers,
+        onset_kind=kind,
+        trigger_to_onset=gap,
         steps_run=steps_run,
         seconds=round(seconds, 2),
         torch_version=torch.__version__,
     )
     write_run(tmp, frame, meta)
     os.replace(tmp, path)  # the run exists, finished, or not at all
-    return RunResult(run_id, path, label.onset_step, label.kind, cause, steps_run, seconds)
+    return RunResult(
+        run_id, path, label.onset_step, label.kind, cause, steps_run, seconds, onset_kind=kind
+    )

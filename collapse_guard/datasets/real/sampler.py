@@ -1,35 +1,48 @@
-"""The config sampler: a sweep of runs where the learning rate alone does not tell.
+"""The config sampler: families, optimizers, data and recipes, mixed so that LR alone does not tell.
 
-Measured here (issue 3): at Adam LR >= ~0.05 without qk-layernorm the attention
-collapses; LR alone then separates collapsing from healthy runs with AUROC ~0.9, and a
-predictor trained on such a sweep learns nothing but the LR. So each run is drawn
-from one of several *recipes*, mixed so that collapses also come at moderate LR
-(faults, fragile set-ups) and high LR also comes with healthy runs (qk-layernorm):
+Issue 8 measured the 300-run sweep of the first sampler (one family, AdamW, bytes):
+70 of its 130 collapses began less than 10 steps after their trigger (its re-warm
+ramps were mostly jumps), so a predictor learned too little about collapses that
+develop. This sampler draws, for run ``i`` of seed ``s``:
 
-==============  ======  =============================================================
-recipe          weight  what it draws
-==============  ======  =============================================================
-``baseline``    0.11    moderate LR, any qk-norm: healthy, with the odd recovered spike
-``high_lr_qk``  0.12    high LR with qk-layernorm from the start: hard negatives
-``high_lr``     0.30    a safe LR re-warmed to a high one in mid-run, without
-                        qk-norm: attention-entropy collapse at a spread of steps
-``fault``       0.25    moderate LR plus one injected fault after a third of the
-                        run; mild ones give recovered spikes, severe ones collapses
-``fragile``     0.22    moderate LR in a fragile set-up: post-LN without warmup,
-                        tiny beta2 and eps without clipping, or fp16 without a
-                        loss scaler
-==============  ======  =============================================================
+* a **family** (``models/``: gpt, rope_swiglu, mha), an **optimizer** (adamw, lion,
+  sgd) and a **data** kind (bytes, or the procedural language with 64, 128 or 512
+  ids), each stratified, so the evaluation can leave one family out;
+* a **recipe**, whose LRs are multiples of the family x optimizer's measured
+  ``STABLE_EDGE`` (the LR past which a model that learned collapses when brought there
+  over a ramp), so a recipe means the same for Lion at 0.005 as for AdamW at 0.05:
 
-Measured on the 300 runs of seed 0 (600 steps): 130 collapse, and 70 of them begin less
-than 10 steps after the intervention that triggers them (median 5 steps after a re-warm
-starts, 1 after an LR jump or optimizer reset): the log-uniform ramp is mostly a few steps
-long, a jump. Those collapses can be caught, not forecast; the fragile set-ups diverge a
-median 215 steps after their peak LR. Longer ramps would give forecastable collapses.
+==================  ======  =========================================================
+recipe              weight  what it draws (LRs as multiples of the edge)
+==================  ======  =========================================================
+``baseline``        0.08    0.1-0.5x: healthy
+``safe_high_lr``    0.10    hard negatives: qk-norm at 1-2.5x (AdamW) or 1-1.5x
+                            (Lion); mha and SGD: long warmup and clipping at 0.5-0.9x
+``spike``           0.07    0.1-0.4x plus a fault runs recover from (a clipped
+                            gradient spike, 1-29 random batches, AdamW's second
+                            moments zeroed): recorded spikes, hard negatives
+``constant_high``   0.15    warmup over 200-500 steps to a constant 2-6x, no qk-norm:
+                            the model learns, then degrades past the edge (trigger:
+                            step 0); or only plateaus (a high-LR negative)
+``slow_ramp``       0.17    learn at 0.1-0.5x, re-warm over 100-300 steps to 2-4x
+                            from 1/5 to 11/20 of the run: collapses that develop
+``growing_fault``   0.13    an LR multiplier rising to 2-4x over 100-300 steps, or a
+                            share of random tokens rising to 30-100%
+``sudden``          0.22    an LR jump (a fault, or a re-warm of 1-5 steps) to 4-15x;
+                            SGD also: one unclipped gradient spike of 1e3-1e5
+``fragile``         0.08    fp16 without a loss scaler at 1-3x, post-LN without
+                            warmup, or (AdamW) a tiny beta2 and eps, unclipped
+==================  ======  =========================================================
 
-Every recipe also draws the nuisance knobs (depth and width, batch size, weight
-decay, beta2, clipping, bf16, init scale, warmup, final LR) so that none of them gives the answer
-away. Run ``i`` of a sweep depends only on ``(seed, i)``: a sweep of 10 is the first
-10 runs of a sweep of 200, which is what makes a generation resumable.
+Every recipe also draws the nuisance knobs (depth, width and context, batch size,
+betas, weight decay, clipping, bf16, init scale, warmup, final LR) so that none of
+them gives the answer away. Every trigger of a run (step 0, a re-warm's start, a
+fault's first step) is in ``RealRunConfig.triggers()``, and the runner records how
+soon the collapse followed it (``onset.py``).
+
+Run ``i`` of a sweep depends only on ``(seed, i)``: a sweep of 10 is the first 10 runs
+of a sweep of 400, which is what makes a generation resumable. ``test_real_sampler``
+pins a draw, so that a change that would reshuffle sweeps on disk fails loudly.
 """
 
 from __future__ import annotations
@@ -40,25 +53,61 @@ import numpy as np
 
 from collapse_guard.datasets.real.config import RealRunConfig
 
-__all__ = ["RECIPES", "sample_config", "sample_configs"]
+__all__ = [
+    "DATA_SHARES",
+    "FAMILY_SHARES",
+    "OPTIMIZER_SHARES",
+    "RECIPES",
+    "STABLE_EDGE",
+    "sample_config",
+    "sample_configs",
+]
 
 RECIPES: dict[str, float] = {
-    "baseline": 0.11,
-    "high_lr_qk": 0.12,
-    "high_lr": 0.30,
-    "fault": 0.25,
-    "fragile": 0.22,
+    # healthy by design (hard negatives among them)
+    "baseline": 0.08,
+    "safe_high_lr": 0.10,
+    "spike": 0.07,
+    # collapses that develop
+    "constant_high": 0.15,
+    "slow_ramp": 0.17,
+    "growing_fault": 0.13,
+    # collapses that start within a few steps of their trigger
+    "sudden": 0.22,
+    # fragile set-ups: diverge near the peak LR, or only stall
+    "fragile": 0.08,
+}
+FAMILY_SHARES: dict[str, float] = {"gpt": 0.34, "rope_swiglu": 0.33, "mha": 0.33}
+OPTIMIZER_SHARES: dict[str, float] = {"adamw": 0.45, "lion": 0.30, "sgd": 0.25}
+DATA_SHARES: dict[str, float] = {"bytes": 0.5, "language": 0.5}
+
+# The LR past which a model that learned at a safe LR collapses (its loss rises and
+# stays up) when brought there over a ramp; recipes draw their LRs as multiples of it.
+# Measured (pilots, 400-1,000 steps, 2 layers, clipping at 1.0; /root/cg-data/pilot*):
+# - AdamW: a re-warm past ~0.05 collapses (gpt, the 300-run sweep of issue 3); gpt
+#   ramped 0.012 -> 0.176 over 246 steps collapsed 46 steps in, at LR 0.043; rope_swiglu
+#   ramped 0.01 -> 0.15 over 150 steps: onset 119 steps in. From step 0 at a constant
+#   0.03-0.12 every family's attention goes one-hot by step 100 but the loss only
+#   plateaus: no collapse, the plateau is the best level (gpt, rope_swiglu, mha)
+# - Lion: 0.003 constant trains (all three families); 0.03 constant wanders 3.2-3.7 nats
+#   without a settled rise; mha on the language re-warmed to 0.034: a recovered spike
+#   only, to 0.043: onset 84 steps into the ramp; mha ramped to 0.05: onset 125 steps
+#   in; gpt warmed up over 200 steps to 0.05: onset at step 168
+# - SGD (Nesterov 0.9): 1.0 constant trains, slowly (4.2 nats at step 400, AdamW 2.7);
+#   3 and 10 blow up the step the 30-step warmup ends (gpt)
+# One edge per optimizer: the families differed by less than these steps of 1.5-3x
+STABLE_EDGE: dict[tuple[str, str], float] = {
+    (family, optimizer): edge
+    for family in FAMILY_SHARES
+    for optimizer, edge in (("adamw", 0.04), ("lion", 0.03), ("sgd", 1.5))
 }
 
-# (n_layer, d_model): the default shape most often. Measured over 200 runs of 700 steps
-# (2 workers busy): 35 s a run for the default, 22 s shallow, 40 s deep-narrow, 54 s
-# wide; the wide one is drawn rarely so that 200 runs fit in an hour on 2 cores
-_SHAPES = ((2, 64), (1, 64), (3, 48), (2, 96))
-_SHAPE_P = (0.6, 0.2, 0.15, 0.05)
-# a step costs about linearly in the batch (measured with the probe, 2 workers busy:
-# 35 / 48 / 77 ms at 8 / 16 / 24); batch 32 never collapsed in the issue's measurements
+# (n_layer, d_model, seq_len)
+_SHAPES = ((2, 64, 64), (1, 64, 64), (3, 48, 64), (2, 96, 32), (2, 32, 64), (1, 48, 32))
+_SHAPE_P = (0.35, 0.15, 0.15, 0.1, 0.15, 0.1)
 _BATCHES = (8, 12, 16)
 _BATCH_P = (0.35, 0.4, 0.25)
+_LANGUAGE_VOCABS = (64, 128, 512)  # the procedural language's sizes (bytes: 256)
 
 
 def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
@@ -69,133 +118,267 @@ def _choice(rng: np.random.Generator, options, p=None):
     return options[int(rng.choice(len(options), p=p))]
 
 
-# Weyl sequences (start + index * irrational, mod 1): the first n runs of a sweep hold
-# each recipe and shape in its share +- 1 run, where independent draws would be off by
-# +- sqrt(n) (seed 0 drew the 5 %-shape 19 times in 200). Still a function of (seed, index).
-_STREAMS = {"recipe": (math.sqrt(5) - 1) / 2, "shape": math.sqrt(2) - 1}
+# A Kronecker sequence (start + index * alpha, mod 1 in each of five dimensions): the
+# first n runs of a sweep hold each recipe, shape, family, optimizer and data kind in
+# its share +- 1 run, where independent draws would be off by +- sqrt(n). The five
+# alphas are Roberts' R_5 sequence (powers of 1/phi, phi the root of x^6 = x + 1), whose
+# joint spread is also even: with square roots of primes instead, the recipe and
+# optimizer streams were locked together (measured: 3 of 68 slow ramps drew SGD, 35 Lion)
+_STREAMS = ("recipe", "shape", "family", "optimizer", "data")
 
 
-def _stratified(seed: int, index: int, stream: str, options, p):
-    start = np.random.default_rng([seed, len(_STREAMS), list(_STREAMS).index(stream)]).random()
-    u = (start + index * _STREAMS[stream]) % 1.0
+def _r_sequence(dims: int) -> tuple[float, ...]:
+    phi = 2.0
+    for _ in range(60):  # Newton on x^(d+1) - x - 1: converged long before 60
+        phi -= (phi ** (dims + 1) - phi - 1) / ((dims + 1) * phi**dims - 1)
+    return tuple((1 / phi) ** (k + 1) % 1.0 for k in range(dims))
+
+
+_ALPHAS = dict(zip(_STREAMS, _r_sequence(len(_STREAMS)), strict=True))
+
+
+def _stratified(seed: int, index: int, stream: str, shares: dict | tuple, p=None):
+    options, p = (tuple(shares), tuple(shares.values())) if p is None else (shares, p)
+    start = np.random.default_rng([seed, 0x5EED, _STREAMS.index(stream)]).random()
+    u = (start + index * _ALPHAS[stream]) % 1.0
     return options[min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(options) - 1)]
 
 
-def _nuisance(rng: np.random.Generator, steps: int, shape: tuple[int, int]) -> dict:
-    """Knobs every recipe draws the same way (the fragile recipe overrides some)."""
-    n_layer, d_model = shape
-    return {
+def _nuisance(rng: np.random.Generator, steps: int, shape: tuple, optimizer: str) -> dict:
+    """Knobs every recipe draws the same way (recipes override some)."""
+    n_layer, d_model, seq_len = shape
+    knobs = {
         "n_layer": n_layer,
         "d_model": d_model,
+        "seq_len": seq_len,
         "batch_size": _choice(rng, _BATCHES, _BATCH_P),
         "qk_norm": bool(rng.random() < 0.5),
-        "warmup_steps": int(steps * rng.uniform(0.02, 0.15)),
+        "warmup_steps": int(steps * rng.uniform(0.02, 0.1)),
         "min_lr_ratio": _choice(rng, (0.1, 0.5, 1.0)),
-        "beta2": _choice(rng, (0.95, 0.98, 0.99)),
-        "weight_decay": _choice(rng, (0.0, 0.01, 0.1)),
         "grad_clip": _choice(rng, (1.0, 0.0), (0.6, 0.4)),
-        "precision": _choice(rng, ("fp32", "bf16"), (0.75, 0.25)),
+        "precision": _choice(rng, ("fp32", "bf16"), (0.8, 0.2)),
         # measured: 5x the 0.02 init std trained fine at LR 0.01; a knob, not a cause
-        "init_scale": _log_uniform(rng, 0.5, 5.0),
+        "init_scale": _log_uniform(rng, 0.5, 3.0),
+    }
+    if optimizer == "adamw":
+        knobs["beta2"] = _choice(rng, (0.95, 0.98, 0.99))
+        knobs["weight_decay"] = _choice(rng, (0.0, 0.01, 0.1))
+    elif optimizer == "lion":
+        # Chen et al. 2023: beta2 0.99 (0.98 for stability), weight decay 3-10x AdamW's
+        knobs["beta2"] = _choice(rng, (0.98, 0.99))
+        knobs["weight_decay"] = _choice(rng, (0.0, 0.1, 0.3))
+    else:  # sgd: beta1 is the momentum; weight decay is an L2 term, so kept small
+        knobs["beta1"] = _choice(rng, (0.8, 0.9, 0.95))
+        knobs["weight_decay"] = _choice(rng, (0.0, 1e-4, 5e-4))
+    return knobs
+
+
+def _mid_run(rng: np.random.Generator, steps: int) -> int:
+    """A trigger step after some learning, early enough that ~300 steps of growth still fit."""
+    return int(steps * rng.uniform(0.2, 0.55))
+
+
+def _ramp_steps(rng: np.random.Generator) -> int:
+    # 100-300 steps: the slow ramps of the issue, long against the 10-step minimum lead
+    return int(rng.integers(100, 301))
+
+
+def _scheduled(knobs: dict, steps: int, step: int) -> float:
+    return RealRunConfig(**{**knobs, "steps": steps}).lr_at(step)
+
+
+def _baseline(rng, steps, knobs, edge, ctx) -> dict:
+    return {"lr": edge * _log_uniform(rng, 0.1, 0.5)}
+
+
+def _safe_high_lr(rng, steps, knobs, edge, ctx) -> dict:
+    """High LR made safe: qk-norm where the family has it, otherwise warmup and clipping."""
+    if ctx["family"] != "mha" and ctx["optimizer"] != "sgd":
+        # measured (issue 3): AdamW with qk-norm at 1.6x the edge from the start trains
+        # well; Lion's sign steps grow the logits in every coordinate: kept nearer its edge
+        high = 2.5 if ctx["optimizer"] == "adamw" else 1.5
+        return {"qk_norm": True, "grad_clip": 1.0, "lr": edge * _log_uniform(rng, 1.0, high)}
+    # mha cannot norm q and k, and SGD's failure is not the attention's: a long warmup
+    # and clipping at an LR just under the edge
+    return {
+        "grad_clip": 1.0,
+        "warmup_steps": int(steps * rng.uniform(0.15, 0.3)),
+        "lr": edge * _log_uniform(rng, 0.5, 0.9),
     }
 
 
-def _rewarm(rng: np.random.Generator, steps: int) -> dict:
-    """Learn at a safe LR, then re-warm to a high one at a step anywhere in mid-run."""
+def _spike(rng, steps, knobs, edge, ctx) -> dict:
+    """A fault a run recovers from: a recorded spike, a hard negative."""
+    kinds = ("grad_spike", "corrupt_batch") + (
+        ("opt_reset",) if ctx["optimizer"] == "adamw" else ()
+    )
+    kind = _choice(rng, kinds)
+    drawn = {
+        "lr": edge * _log_uniform(rng, 0.1, 0.4),
+        "fault": kind,
+        "fault_step": _mid_run(rng, steps),
+    }
+    if kind == "grad_spike":
+        drawn["fault_scale"] = _log_uniform(rng, 1e2, 1e4)
+        drawn["fault_steps"] = int(rng.integers(1, 4))
+        drawn["grad_clip"] = 1.0  # SGD without clipping would take the whole spike
+    elif kind == "corrupt_batch":
+        drawn["fault_steps"] = int(rng.integers(1, 30))
+    return drawn
+
+
+def _constant_high(rng, steps, knobs, edge, ctx) -> dict:
+    """A constant LR far above the edge, reached by a long warmup (as every recipe warms up).
+
+    The model learns while the LR is low, then degrades once it passes the edge: the
+    onset comes hundreds of steps after step 0, its only trigger. Measured: warmed up
+    over 30 steps, AdamW at 2-4x the edge only plateaus 0.1-0.2 nats above its best
+    (no collapse: kept as a high-LR negative); over 200 steps to 3x, gpt rose 0.28 nats
+    (just under the label's margin) and Lion collapsed at step 168. So the warmups are
+    long (200-500 steps: the LR passes the edge after 33-250 steps, once the model has
+    learned) and the LRs 2-6x.
+    """
     return {
-        "lr": _log_uniform(rng, 2e-3, 1.2e-2),
-        # after some learning, and early enough that the 100-200 steps the attention
-        # takes to go one-hot (measured) still fall inside the run
-        "rewarm_step": int(steps * rng.uniform(0.25, 0.65)),
-        "rewarm_steps": int(_log_uniform(rng, 1, 0.25 * steps)),
-        "rewarm_lr": _log_uniform(rng, 0.04, 0.25),
-        # measured: decaying a re-warmed 0.1 to 0.05 let the loss drift back down
+        "qk_norm": False,
+        "lr": edge * _log_uniform(rng, 2.0, 6.0),
+        "warmup_steps": int(rng.integers(200, 501)),
         "min_lr_ratio": float(rng.uniform(0.7, 1.0)),
     }
 
 
-def _high_lr(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
-    # Measured: a run warmed to LR 0.06-0.11 at once has its attention one-hot by step
-    # ~200 but its loss only plateaus (the best level is the collapsed one: no rise);
-    # one that learned first and is then re-warmed past ~0.05 rises and stays up. The
-    # re-warming step spreads the onsets over the run.
-    return {"qk_norm": False, **_rewarm(rng, steps)}
+def _slow_ramp(rng, steps, knobs, edge, ctx) -> dict:
+    """Learn at a safe LR, then re-warm over 100-300 steps to 2-4x the edge.
+
+    A ramp to k times the edge passes it about 1/k of the way up, and the onsets came
+    near that point (pilots: 46 steps into a 246-step ramp to 4.4x, 84 into 199 to
+    1.4x Lion's). Ending at 2-4x puts the edge 25-150 steps into the ramp, so most
+    onsets come 50+ steps after their trigger.
+    """
+    return {
+        "qk_norm": False,
+        "lr": edge * _log_uniform(rng, 0.1, 0.5),
+        "rewarm_step": _mid_run(rng, steps),
+        "rewarm_steps": _ramp_steps(rng),
+        "rewarm_lr": edge * _log_uniform(rng, 2.0, 4.0),
+        # measured (600-step sweep): decaying a re-warmed 0.1 to 0.05 let the loss drift back
+        "min_lr_ratio": float(rng.uniform(0.7, 1.0)),
+    }
 
 
-def _fault(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
-    lr = _log_uniform(rng, 2e-3, 1.5e-2)
-    # measured at LR ~0.01: grad_spike (x1e4, unclipped) and opt_reset give ~0.6-0.9 nat
-    # spikes that recover within ~300 steps; an LR jump past ~0.05 rises and stays
-    kind = _choice(
-        rng, ("lr_jump", "grad_spike", "opt_reset", "corrupt_batch"), (0.35, 0.15, 0.25, 0.25)
-    )
-    fault_step = int(steps * rng.uniform(0.35, 0.8))  # late onsets, still inside the run
-    drawn = {"lr": lr, "fault": kind, "fault_step": fault_step}
-    if kind == "lr_jump":
-        # aim the jump at an LR between safe (0.02) and certain collapse (0.3)
-        scheduled = RealRunConfig(**{**knobs, "lr": lr, "steps": steps}).lr_at(fault_step)
-        drawn["fault_scale"] = _log_uniform(rng, 0.02, 0.3) / scheduled
-    elif kind == "grad_spike":
-        drawn["fault_scale"] = _log_uniform(rng, 1e2, 1e5)
-        drawn["fault_steps"] = int(rng.integers(1, 6))
-    elif kind == "corrupt_batch":
-        drawn["fault_steps"] = int(_log_uniform(rng, 1, steps * 0.15))
+def _growing_fault(rng, steps, knobs, edge, ctx) -> dict:
+    """A fault that grows over 100-300 steps: a rising LR, or more and more random tokens."""
+    kind = _choice(rng, ("lr_ramp", "corrupt_ramp"))
+    lr = edge * _log_uniform(rng, 0.1, 0.5)
+    drawn = {
+        "lr": lr,
+        "min_lr_ratio": 1.0,
+        "fault": kind,
+        "fault_step": _mid_run(rng, steps),
+        "fault_steps": _ramp_steps(rng),
+    }
+    if kind == "lr_ramp":
+        drawn["qk_norm"] = False
+        # aim the ramp's end at 2-4x the edge, whatever the LR it starts from (as for
+        # the slow re-warm: the edge is passed 25-150 steps into the ramp)
+        scheduled = _scheduled({**knobs, **drawn}, steps, drawn["fault_step"])
+        drawn["fault_scale"] = edge * _log_uniform(rng, 2.0, 4.0) / scheduled
+    else:
+        drawn["fault_scale"] = float(rng.uniform(0.3, 1.0))
     return drawn
 
 
-def _fragile(rng: np.random.Generator, steps: int, knobs: dict) -> dict:
-    # post-LN stalled rather than collapsed in all of 6 runs (seed 0, 700 steps): kept
-    # as a fragile-looking negative, drawn less than the two that collapse (~2/3 of runs)
-    mechanism = _choice(rng, ("post_ln", "adam_eps", "fp16"), (0.1, 0.5, 0.4))
+def _sudden(rng, steps, knobs, edge, ctx) -> dict:
+    """An LR jump (a fault, or a re-warm of 1-5 steps) far past the edge; SGD: a gradient spike."""
+    kinds = ("lr_jump", "rewarm") + (("grad_spike",) if ctx["optimizer"] == "sgd" else ())
+    kind = _choice(rng, kinds)
+    lr = edge * _log_uniform(rng, 0.1, 0.5)
+    step = _mid_run(rng, steps)
+    if kind == "rewarm":
+        return {
+            "lr": lr,
+            "rewarm_step": step,
+            "rewarm_steps": int(rng.integers(1, 6)),
+            "rewarm_lr": edge * _log_uniform(rng, 4.0, 15.0),
+            "min_lr_ratio": float(rng.uniform(0.7, 1.0)),
+        }
+    drawn = {"lr": lr, "fault": kind, "fault_step": step}
+    if kind == "grad_spike":  # unclipped SGD takes the whole spike as one huge step
+        drawn.update(grad_clip=0.0, fault_scale=_log_uniform(rng, 1e3, 1e5), fault_steps=1)
+    else:
+        scheduled = _scheduled({**knobs, **drawn}, steps, step)
+        drawn["fault_scale"] = edge * _log_uniform(rng, 4.0, 15.0) / scheduled
+    return drawn
+
+
+def _fragile(rng, steps, knobs, edge, ctx) -> dict:
+    """A fragile set-up at a moderate LR: divergence near the peak LR, or only a stall."""
+    mechanisms = ["fp16"]
+    if ctx["family"] != "rope_swiglu":
+        mechanisms.append("post_ln")
+    if ctx["optimizer"] == "adamw":
+        mechanisms.append("adam_eps")
+    mechanism = _choice(rng, tuple(mechanisms))
+    warmup = int(steps * rng.uniform(0.02, 0.4))  # divergence comes near the peak LR
     if mechanism == "post_ln":  # post-LN without warmup (Xiong et al. 2020): measured
-        # here it stalls ~0.6 nats above a pre-LN run rather than collapsing
+        # (600-step sweep) it stalls ~0.6 nats above a pre-LN run rather than collapsing
         return {
             "pre_ln": False,
             "warmup_steps": int(steps * rng.uniform(0.0, 0.02)),
-            "lr": _log_uniform(rng, 0.01, 0.05),
+            "lr": edge * _log_uniform(rng, 0.2, 1.0),
         }
-    warmup = int(steps * rng.uniform(0.02, 0.4))  # divergence comes near the peak LR
     if mechanism == "adam_eps":  # a jumpy second moment with nothing to bound the update
         return {
-            # measured: beta2 0.5 diverged at LR 0.0085 and 0.02, 0.82 trained fine
+            # measured (600-step sweep): beta2 0.5 diverged at LR 0.0085 and 0.02, 0.82 did not
             "beta2": float(rng.uniform(0.5, 0.75)),
             "eps": _log_uniform(rng, 1e-12, 1e-10),
             "grad_clip": 0.0,
-            "lr": _log_uniform(rng, 3e-3, 3e-2),
+            "lr": edge * _log_uniform(rng, 0.06, 0.6),
             "warmup_steps": warmup,
         }
     # fp16 without a loss scaler: activations overflow to inf, the loss goes NaN
-    # (measured: at LR 0.054 and 0.08; at 0.026-0.044 it trained fine)
+    # (measured, AdamW, gpt: at 1-1.6x the edge; at 0.5-0.9x it trained fine)
     return {
         "precision": "fp16",
         "grad_clip": 0.0,
-        "lr": _log_uniform(rng, 0.05, 0.15),
+        "lr": edge * _log_uniform(rng, 1.0, 3.0),
         "warmup_steps": warmup,
     }
 
 
-def _recipe_knobs(recipe: str, rng: np.random.Generator, steps: int, knobs: dict) -> dict:
-    if recipe == "baseline":
-        return {"lr": _log_uniform(rng, 1e-3, 1.5e-2)}
-    if recipe == "high_lr_qk":
-        # measured: qk-norm at 0.08 from the start trains well (a hard negative), but
-        # does not save a run re-warmed to 0.1 in mid-run (+0.38 nats): no re-warming
-        return {"qk_norm": True, "lr": _log_uniform(rng, 0.03, 0.15)}
-    if recipe == "high_lr":
-        return _high_lr(rng, steps, knobs)
-    if recipe == "fault":
-        return _fault(rng, steps, knobs)
-    return _fragile(rng, steps, knobs)
+_RECIPE_KNOBS = {
+    "baseline": _baseline,
+    "safe_high_lr": _safe_high_lr,
+    "spike": _spike,
+    "constant_high": _constant_high,
+    "slow_ramp": _slow_ramp,
+    "growing_fault": _growing_fault,
+    "sudden": _sudden,
+    "fragile": _fragile,
+}
 
 
 def sample_config(seed: int, index: int, steps: int = RealRunConfig.steps) -> RealRunConfig:
-    """Config of run ``index`` of the sweep drawn with ``seed``."""
+    """Config of run ``index`` of the sweep drawn with ``seed`` (a function of both only)."""
     rng = np.random.default_rng([seed, index])
-    recipe = _stratified(seed, index, "recipe", tuple(RECIPES), tuple(RECIPES.values()))
-    knobs = _nuisance(rng, steps, _stratified(seed, index, "shape", _SHAPES, _SHAPE_P))
-    knobs.update(_recipe_knobs(recipe, rng, steps, knobs))
+    recipe = _stratified(seed, index, "recipe", RECIPES)
+    ctx = {
+        "family": _stratified(seed, index, "family", FAMILY_SHARES),
+        "optimizer": _stratified(seed, index, "optimizer", OPTIMIZER_SHARES),
+        "data": _stratified(seed, index, "data", DATA_SHARES),
+    }
+    shape = _stratified(seed, index, "shape", _SHAPES, _SHAPE_P)
+    knobs = _nuisance(rng, steps, shape, ctx["optimizer"])
+    if ctx["family"] == "mha":
+        knobs["qk_norm"] = False  # nn.MultiheadAttention has no place for it
+    vocab = _choice(rng, _LANGUAGE_VOCABS) if ctx["data"] == "language" else 256
+    edge = STABLE_EDGE[ctx["family"], ctx["optimizer"]]
+    knobs.update(_RECIPE_KNOBS[recipe](rng, steps, {**knobs, **ctx}, edge, ctx))
+    if ctx["family"] == "mha":
+        knobs["qk_norm"] = False
     run_seed = int(rng.integers(2**31))
-    return RealRunConfig(recipe=recipe, seed=run_seed, steps=steps, **knobs)
+    return RealRunConfig(
+        recipe=recipe, seed=run_seed, steps=steps, vocab_size=vocab, **ctx, **knobs
+    )
 
 
 def sample_configs(n: int, seed: int = 0, steps: int = RealRunConfig.steps) -> list[RealRunConfig]:

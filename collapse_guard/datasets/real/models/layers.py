@@ -1,0 +1,157 @@
+"""Layers the model families share: attention through SDPA, rotary positions, the MLPs.
+
+Every family's attention ends in ``F.scaled_dot_product_attention`` (looked up on
+``F`` at call time, so the probe's capture sees it) or in ``nn.MultiheadAttention``
+(which the probe steers onto the same function): no family needs the probe's help.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ResidualBlock", "Rotary", "SelfAttention", "SwiGLU", "gelu_mlp"]
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021) on the two halves of each head's dims."""
+
+    def __init__(self, head_dim: int, seq_len: int, base: float = 10_000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(
+                f"rotary positions need an even head dimension, got {head_dim}; "
+                "pick d_model / n_head even"
+            )
+        half = head_dim // 2
+        inverse = base ** (-torch.arange(half, dtype=torch.float32) / half)
+        angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * inverse[None, :]
+        # buffers, not parameters: no gradient, no optimizer state, moved with the model
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` (batch, head, seq, head_dim) by its positions."""
+        seq = x.shape[-2]
+        cos, sin = self.cos[:seq], self.sin[:seq]
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention: one qkv projection, optional qk-norm and rotary.
+
+    ``norm`` builds the qk-norm layer (LayerNorm for the GPT, RMSNorm for the rotary
+    family); ``qk_norm=False`` leaves q and k as projected, which lets attention logits
+    grow without bound at high LR (Wortsman et al. 2023).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        *,
+        qk_norm: bool,
+        norm: type[nn.Module] = nn.LayerNorm,
+        rotary: Rotary | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_head={n_head}; "
+                "pick d_model as a multiple of n_head"
+            )
+        self.n_head = n_head
+        self.head_dim = d_model // n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm(self.head_dim) if qk_norm else nn.Identity()
+        self.rotary = rotary
+        self.dropout = dropout
+
+    @property
+    def out_projection(self) -> nn.Linear:
+        """The layer that writes into the residual stream (GPT-2 scales its init)."""
+        return self.proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        # (batch, seq, width) -> (batch, head, seq, head_dim)
+        q, k, v = (
+            t.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v)
+        )
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
+
+
+def gelu_mlp(d_model: int) -> nn.Sequential:
+    """GPT-2's MLP: 4x wide, GELU (a Sequential: its parameter names are ``0`` and ``2``)."""
+    return nn.Sequential(
+        nn.Linear(d_model, 4 * d_model),
+        nn.GELU(),
+        nn.Linear(4 * d_model, d_model),
+    )
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP of Llama (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, no biases.
+
+    The hidden width is 8/3 of the model's, rounded up to a multiple of 8, so that its
+    parameter count matches a 4x GELU MLP's.
+    """
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        hidden = 8 * math.ceil(8 * d_model / 3 / 8)
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class ResidualBlock(nn.Module):
+    """One transformer block: attention then MLP, each in a residual branch with a norm.
+
+    Pre-norm (``x + f(norm(x))``, GPT-2 and later) or post-norm (``norm(x + f(x))``,
+    the original Transformer, which diverges at high LR without warmup: Xiong et al.
+    2020). The parts are built in the order ``ln1, attn, ln2, mlp``: the seeded init
+    draws in that order.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: Callable[[], nn.Module],
+        mlp: Callable[[], nn.Module],
+        *,
+        norm: Callable[[int], nn.Module] = nn.LayerNorm,
+        pre_ln: bool = True,
+    ):
+        super().__init__()
+        self.pre_ln = pre_ln
+        self.ln1 = norm(d_model)
+        self.attn = attention()
+        self.ln2 = norm(d_model)
+        self.mlp = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_ln:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.mlp(x))

@@ -1,0 +1,176 @@
+"""Real runs: the sampler (a function of (seed, i), stratified, recipes) and the onset rule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from collapse_guard.datasets.real import (
+    DATA_KINDS,
+    FAMILIES,
+    OPTIMIZERS,
+    RECIPES,
+    RealRunConfig,
+    sample_config,
+    sample_configs,
+)
+from collapse_guard.datasets.real.onset import SUDDEN_WITHIN, onset_kind
+from collapse_guard.datasets.real.sampler import (
+    DATA_SHARES,
+    FAMILY_SHARES,
+    OPTIMIZER_SHARES,
+    STABLE_EDGE,
+)
+
+STEPS = 1000
+
+
+@pytest.fixture(scope="module")
+def sweep() -> list[RealRunConfig]:
+    return sample_configs(400, seed=0, steps=STEPS)
+
+
+# --------------------------------------------------------------------------- onset rule
+
+
+@pytest.mark.parametrize(
+    ("triggers", "onset", "expected"),
+    [
+        ([0], None, (None, None)),  # healthy
+        ([0], 350, ("develops", 350)),  # a constant LR above the edge: counted from step 0
+        ([0, 400], 405, ("sudden", 5)),  # 5 steps after a jump
+        ([0, 400], 400, ("sudden", 0)),  # at the jump itself
+        ([0, 400], 409, ("sudden", 9)),  # the last step that is still sudden
+        ([0, 400], 410, ("develops", 10)),  # SUDDEN_WITHIN steps after: develops
+        ([0, 300, 600], 450, ("develops", 150)),  # a trigger after the onset does not count
+        ([0, 300, 600], 603, ("sudden", 3)),  # the latest trigger at or before onset counts
+        ([], 12, ("develops", 12)),  # no trigger given: from step 0
+    ],
+)
+def test_onset_kind_by_hand(triggers, onset, expected):
+    assert onset_kind(triggers, onset) == expected
+
+
+def test_sudden_means_within_the_evaluations_minimum_lead():
+    assert SUDDEN_WITHIN == 10
+
+
+def test_triggers_come_from_the_config():
+    assert RealRunConfig().triggers() == [0]
+    rewarmed = RealRunConfig(rewarm_step=300, rewarm_steps=150, rewarm_lr=0.1)
+    assert rewarmed.triggers() == [0, 300]
+    both = RealRunConfig(rewarm_step=300, rewarm_lr=0.1, fault="lr_ramp", fault_step=200)
+    assert both.triggers() == [0, 200, 300]
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_sampler_is_a_function_of_seed_and_index(sweep):
+    assert sample_configs(10, seed=0, steps=STEPS)[7] == sweep[7] == sample_config(0, 7, STEPS)
+    assert sample_configs(5, seed=3) != sample_configs(5, seed=4)
+    assert sample_config(0, 1, steps=40).steps == 40
+
+
+def test_sampler_draws_are_pinned():
+    # resumable sweeps: run i of a seed must keep its config across versions. If this
+    # fails, the sampler changed and every sweep already on disk is now inconsistent
+    first = sample_config(0, 0, STEPS)
+    assert (first.recipe, first.family, first.optimizer, first.data) == (
+        "slow_ramp",
+        "gpt",
+        "adamw",
+        "bytes",
+    )
+    assert (round(first.lr, 6), round(first.rewarm_lr, 6)) == (0.009595, 0.140827)
+    assert (first.rewarm_step, first.rewarm_steps) == (527, 246)
+    later = sample_config(0, 123, STEPS)
+    assert (later.recipe, later.family, later.optimizer, later.data) == (
+        "fragile",
+        "rope_swiglu",
+        "adamw",
+        "bytes",
+    )
+    assert (round(later.lr, 5), later.seed) == (0.02346, 975220909)
+
+
+@pytest.mark.parametrize(
+    ("field", "shares"),
+    [
+        ("recipe", RECIPES),
+        ("family", FAMILY_SHARES),
+        ("optimizer", OPTIMIZER_SHARES),
+        ("data", DATA_SHARES),
+    ],
+)
+def test_first_n_runs_hold_each_stratum_in_its_share(sweep, field, shares):
+    for n in (50, 400):
+        counts = Counter(getattr(c, field) for c in sweep[:n])
+        for name, share in shares.items():
+            # Kronecker stratification: within 2.5 runs of the share (measured: at most 2.1
+            # off), where independent draws would be off by sqrt(n p (1 - p)) ~ 2-9 runs
+            assert abs(counts[name] - share * n) <= 2.5, (field, n, name, counts)
+
+
+def test_strata_are_not_locked_to_each_other(sweep):
+    # every family x optimizer x data cell is present (the evaluation leaves a family out)
+    cells = Counter((c.family, c.optimizer, c.data) for c in sweep)
+    assert set(cells) == {(f, o, d) for f in FAMILIES for o in OPTIMIZERS for d in DATA_KINDS}
+    assert min(cells.values()) >= 8
+    # and every recipe reaches every family and optimizer
+    pairs = {(c.recipe, c.family) for c in sweep} | {(c.recipe, c.optimizer) for c in sweep}
+    assert len(pairs) == len(RECIPES) * (len(FAMILIES) + len(OPTIMIZERS))
+
+
+def test_recipes_aim_their_lr_at_the_family_and_optimizers_edge(sweep):
+    for config in sweep:
+        edge = STABLE_EDGE[config.family, config.optimizer]
+        ratio = config.lr / edge
+        if config.recipe == "constant_high":
+            assert 2.0 <= ratio <= 6.0 and not config.qk_norm and config.triggers() == [0]
+            assert 200 <= config.warmup_steps <= 500
+        elif config.recipe == "slow_ramp":
+            assert 100 <= config.rewarm_steps <= 300
+            assert 2.0 <= config.rewarm_lr / edge <= 4.0
+        elif config.recipe == "baseline":
+            assert ratio <= 0.5 and config.fault == "none" and not config.rewarm_step
+        elif config.recipe == "safe_high_lr":
+            assert config.grad_clip == 1.0
+            if config.family == "mha" or config.optimizer == "sgd":  # no qk-norm to help
+                assert ratio <= 0.9 and config.warmup_steps >= 0.15 * STEPS
+            else:
+                assert config.qk_norm and ratio >= 1.0
+
+
+def test_growing_faults_ramp_over_100_to_300_steps_and_end_far_from_the_start(sweep):
+    growing = [c for c in sweep if c.recipe == "growing_fault"]
+    assert {c.fault for c in growing} == {"lr_ramp", "corrupt_ramp"}
+    for config in growing:
+        assert 100 <= config.fault_steps <= 300
+        assert 0.2 * STEPS <= config.fault_step <= 0.55 * STEPS
+        if config.fault == "lr_ramp":
+            end = config.lr_at(config.fault_step) * config.fault_scale
+            edge = STABLE_EDGE[config.family, config.optimizer]
+            assert 2.0 <= end / edge <= 4.0 + 1e-9
+
+
+def test_sampler_never_draws_what_a_family_or_optimizer_lacks(sweep):
+    assert not any(c.qk_norm for c in sweep if c.family == "mha")
+    assert not any(not c.pre_ln for c in sweep if c.family == "rope_swiglu")
+    assert {c.optimizer for c in sweep if c.fault == "opt_reset"} <= {"adamw"}
+    assert {c.vocab_size for c in sweep if c.data == "bytes"} == {256}
+    assert {c.vocab_size for c in sweep if c.data == "language"} == {64, 128, 512}
+
+
+def test_config_round_trips_with_the_new_keys(sweep):
+    for config in sweep[:20]:
+        data = config.to_dict()
+        assert {"family", "optimizer", "data", "vocab_size"} <= set(data)
+        assert RealRunConfig.from_dict(data) == config
+    with pytest.raises(ValueError, match="optimizer='adam' is not known"):
+        RealRunConfig(optimizer="adam")
+    with pytest.raises(ValueError, match="opt_reset zeroes second moments"):
+        RealRunConfig(optimizer="lion", fault="opt_reset")
+    with pytest.raises(ValueError, match="share of tokens"):
+        RealRunConfig(fault="corrupt_ramp", fault_scale=2.0)
