@@ -7,9 +7,10 @@ sudden ones (< 10 steps after their trigger); runs per minute recorded.
     OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/real_runs.py --n 400 --workers 2 \\
         --out /root/cg-data/real
 
-Resumable like the command: rerun with the same ``--out`` to finish a sweep, or with
-``--n`` no larger than what is there to only report; figures about time count only the
-runs made by this call.
+Resumable like the command: rerun with the same ``--out`` to finish a sweep; figures
+about time count only the runs made by this call. ``--report-only`` makes nothing and
+reads the finished run files of ``--out`` (safe beside a sweep that is still writing
+there); its runs/min comes from the files' own times.
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ def mix_table(metas, key: str) -> list[str]:
     return rows
 
 
+def _report_span(paths: list[Path], metas: list, workers: int) -> None:
+    """Runs/min of finished files: their count over the span of their modification times."""
+    stamps = sorted(path.stat().st_mtime for path in paths)
+    first_began = stamps[0] - metas[0].extra["seconds"]  # approximately: the first to finish
+    minutes = (stamps[-1] - first_began) / 60
+    print(f"runs: {len(metas)} finished in {minutes:.1f} min (first start to last finish)")
+    if len(metas) > 1 and minutes > 0:
+        print(f"throughput: {len(metas) / minutes:.2f} runs/min ({workers} workers assumed)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=400, help="runs in the sweep")
@@ -61,24 +72,38 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the config sweep")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: config)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-real"), help="run folder")
+    parser.add_argument(
+        "--report-only", action="store_true", help="read the finished runs of --out, make none"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch is imported anywhere
     from collapse_guard.datasets.real import RealRunConfig, generate_real_runs, run_id_for
     from collapse_guard.datasets.runfile import read_meta
 
-    steps = args.steps or RealRunConfig.steps
-    names = [f"{run_id_for(args.seed, i)}.parquet" for i in range(args.n)]
-    existing = sum((args.out / name).exists() for name in names)
-    began = time.perf_counter()
-    paths = generate_real_runs(args.n, args.out, workers=args.workers, seed=args.seed, steps=steps)
-    minutes = (time.perf_counter() - began) / 60
-    metas = [read_meta(path) for path in paths]
-    made = len(paths) - existing
-
-    print(f"runs: {len(metas)} ({made} made by this call, {existing} already there)")
-    if made:
-        print(f"time: {minutes:.1f} min, {made / minutes:.2f} runs/min with {args.workers} workers")
+    if args.report_only:
+        paths = sorted(args.out.glob(f"{run_id_for(args.seed, 0)[:-5]}*.parquet"))
+        metas = [read_meta(path) for path in paths]
+        if not metas:
+            raise SystemExit(f"error: {args.out}: no finished run files of seed {args.seed}")
+        _report_span(paths, metas, args.workers)
+    else:
+        steps = args.steps or RealRunConfig.steps
+        names = [f"{run_id_for(args.seed, i)}.parquet" for i in range(args.n)]
+        existing = sum((args.out / name).exists() for name in names)
+        began = time.perf_counter()
+        paths = generate_real_runs(
+            args.n, args.out, workers=args.workers, seed=args.seed, steps=steps
+        )
+        minutes = (time.perf_counter() - began) / 60
+        metas = [read_meta(path) for path in paths]
+        made = len(paths) - existing
+        print(f"runs: {len(metas)} ({made} made by this call, {existing} already there)")
+        if made:
+            print(
+                f"time: {minutes:.1f} min, {made / minutes:.2f} runs/min "
+                f"with {args.workers} workers"
+            )
     seconds = [m.extra["seconds"] for m in metas]
     per_step = [m.extra["seconds"] / m.extra["steps_run"] * 1000 for m in metas]
     print(
