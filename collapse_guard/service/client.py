@@ -77,8 +77,12 @@ def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None
                 f"run {run_id!r}: expected a 'step' column plus signal columns; got "
                 f"{list(run.columns)[:10]}; add the step counter (frame.reset_index())"
             )
-        columns = {str(c): run[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in run.columns}
         steps = run["step"].to_numpy()
+        columns = {
+            str(c): run[c].to_numpy(dtype=np.float64, na_value=np.nan)
+            for c in run.columns
+            if c not in _NOT_SIGNALS
+        }
     elif isinstance(run, Mapping):
         key = "step" if "step" in run else "steps"
         if key not in run:
@@ -87,14 +91,15 @@ def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None
                 f"keys {sorted(run)[:10]}"
             )
         steps = np.asarray(run[key])
-        columns = {str(k): np.asarray(v, dtype=np.float64) for k, v in run.items()}
+        columns = {
+            str(k): np.asarray(v, dtype=np.float64) for k, v in run.items() if k not in _NOT_SIGNALS
+        }
     else:
         raise TypeError(
             f"run {run_id!r}: expected a pandas DataFrame or a dict of arrays; got "
             f"{type(run).__name__}"
         )
-    signals = {k: v for k, v in columns.items() if k not in _NOT_SIGNALS}
-    return RawRun(run_id, np.asarray(steps, dtype=np.int64), signals, context)
+    return RawRun(run_id, np.asarray(steps, dtype=np.int64), columns, context)
 
 
 def _json_body(runs: Sequence[RawRun], top_k: int) -> bytes:

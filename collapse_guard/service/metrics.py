@@ -5,7 +5,7 @@ name                                     type     labels
 =======================================  =======  ===========================================
 ``collapse_guard_requests_total``        counter  route, status (HTTP code)
 ``collapse_guard_windows_total``         counter  level, model_version: windows scored
-``collapse_guard_model_info``            gauge    model_name, model_version: 1 while serving
+``collapse_guard_model_info``            gauge    model_name, model_version, pid: 1 = serving
 ``collapse_guard_reloads_total``         counter  outcome (``ok``, ``failed``, ``busy``)
 =======================================  =======  ===========================================
 
@@ -38,10 +38,16 @@ class Metrics:
         for level, n in counts.items():
             self.windows.labels(level=level, model_version=version).inc(n)
 
-    def serving(self, name: str, version: str, previous: tuple[str, str] | None = None) -> None:
-        if previous is not None and previous != (name, version):
-            self.model_info.labels(model_name=previous[0], model_version=previous[1]).set(0)
+    def serving(self, name: str, version: str) -> None:
         self.model_info.labels(model_name=name, model_version=version).set(1)
+
+    def swapped(self, new: Any, previous: Any) -> None:
+        """A worker swapped models (``Serving`` objects): move its gauge."""
+        if (previous.scorer.name, previous.version) != (new.scorer.name, new.version):
+            self.model_info.labels(
+                model_name=previous.scorer.name, model_version=previous.version
+            ).set(0)
+        self.serving(new.scorer.name, new.version)
 
 
 @functools.cache
@@ -60,12 +66,13 @@ def metrics() -> Metrics:
             "Windows scored, by level and by the model version that scored them.",
             ["level", "model_version"],
         ),
-        # livemax: a version is "serving" while any live worker serves it
+        # liveall: one series per live worker (label pid), so that an operator, or a
+        # test, sees which version each worker serves during a reload
         model_info=Gauge(
             "collapse_guard_model_info",
             "1 for the model version a worker serves.",
             ["model_name", "model_version"],
-            multiprocess_mode="livemax",
+            multiprocess_mode="liveall",
         ),
         reloads=Counter("collapse_guard_reloads_total", "Model reloads by outcome.", ["outcome"]),
     )

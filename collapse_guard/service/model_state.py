@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,7 +89,7 @@ def known_window(signals: Sequence[str], steps: int = 200) -> RunWindow:
 def _check(scorer: Scorer) -> float:
     window = known_window(scorer.signals)
     served = scorer.score([window], top_k=1)[0].probability
-    embedded = scorer.model.predict_window(window.frame())
+    embedded = scorer.model.predict_window(window.frame(), context=dict(window.context))
     if not (math.isfinite(served) and 0.0 <= served <= 1.0):
         raise ModelLoadError(f"it scores the known window {served!r}, not a probability in [0, 1]")
     if served != embedded:
@@ -155,8 +155,11 @@ def load_serving(source: str | None) -> Serving:
 class ModelHolder:
     """The serving model of one worker and its reload lock."""
 
-    def __init__(self, serving: Serving) -> None:
+    def __init__(
+        self, serving: Serving, on_swap: Callable[[Serving, Serving], None] | None = None
+    ) -> None:
         self.current = serving
+        self.on_swap = on_swap  # (new, previous): e.g. the model-info gauge
         self._lock = threading.Lock()
 
     def reload(self, source: str | None) -> tuple[Serving, Serving, float]:
@@ -173,6 +176,8 @@ class ModelHolder:
             previous = self.current
             new = load_serving(source or previous.source)
             self.current = new
+            if self.on_swap is not None:
+                self.on_swap(new, previous)
             return new, previous, time.perf_counter() - started
         finally:
             self._lock.release()

@@ -103,7 +103,7 @@ class Follower(threading.Thread):
         self.holder, self.channel, self.poll_seconds = holder, channel, poll_seconds
         latest = channel.read()
         self.seen = latest[0] if latest else 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._next_poll = time.monotonic() + poll_seconds
 
     def mark_seen(self, generation: int) -> None:
@@ -111,10 +111,10 @@ class Follower(threading.Thread):
         self.seen = max(self.seen, generation)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
-        while not self._stop.wait(FOLLOW_SECONDS):
+        while not self._halt.wait(FOLLOW_SECONDS):
             try:
                 self._follow()
                 if self.poll_seconds and time.monotonic() >= self._next_poll:

@@ -25,8 +25,10 @@ __all__ = ["Scorer", "signal_of"]
 
 
 def signal_of(feature: str) -> str:
-    """The signal a feature belongs to: ``loss__mean`` -> ``loss``; ``dsi__count`` -> ``dsi``."""
-    return feature.split("__", 1)[0]
+    """The signal a feature belongs to: ``loss__mean`` -> ``loss``, ``dsi__count`` -> ``dsi``
+    (the three DSI signals together), ``ctx__lr_over_peak`` -> ``context`` (the run's)."""
+    prefix = feature.split("__", 1)[0]
+    return "context" if prefix == "ctx" else prefix
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,16 @@ class Scorer:
 
     @property
     def context_fields(self) -> tuple[str, ...]:
-        # TEMPORARY getattr until run context (issue 8) lands in FeatureSchema
-        return tuple(getattr(self.model.schema, "context", ()))
+        return tuple(self.model.schema.context)
 
     def features(self, windows: Sequence[RunWindow]) -> np.ndarray:
-        """``(len(windows), n_features)`` through the model's own extractor."""
+        """``(len(windows), n_features)`` through the model's own extractor.
+
+        A window's context is used as given; a request without one gives ``{}``, so its
+        context features are NaN (never computed from a window that is not the whole run).
+        """
         frames = [w.frame() for w in windows]
-        return self.model.extractor.transform_windows(frames)
+        return self.model.extractor.transform_windows(frames, [w.context for w in windows])
 
     def score(self, windows: Sequence[RunWindow], top_k: int = 5) -> list[RiskResult]:
         """One answer per window, in order."""

@@ -106,9 +106,10 @@ class RiskService:
         self.channel = ReloadChannel()
         latest = self.channel.read()
         # a worker (re)started after a reload serves what the others serve
-        self.holder = ModelHolder(load_serving(latest[1] if latest else os.environ.get(MODEL_ENV)))
+        serving = load_serving(latest[1] if latest else os.environ.get(MODEL_ENV))
         self.metrics = metrics()
-        self.metrics.serving(self.holder.current.scorer.name, self.holder.current.version)
+        self.metrics.serving(serving.scorer.name, serving.version)
+        self.holder = ModelHolder(serving, on_swap=self.metrics.swapped)
         poll = float(os.environ.get(POLL_ENV) or 0)
         self.follower = Follower(self.holder, self.channel, poll_seconds=poll)
         self.follower.start()
@@ -191,9 +192,6 @@ class RiskService:
                 ) from None
             self.follower.mark_seen(self.channel.publish(new.source))
             self.metrics.reloads.labels(outcome="ok").inc()
-            self.metrics.serving(
-                new.scorer.name, new.version, (previous.scorer.name, previous.version)
-            )
             return ReloadResponse(
                 reloaded=new.version != previous.version,
                 previous_version=previous.version,

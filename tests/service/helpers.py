@@ -41,3 +41,15 @@ def run_json(frame: pd.DataFrame, run_id: str, context=None) -> dict:
     if context is not None:
         run["context"] = context
     return run
+
+
+def context_of(frame: pd.DataFrame, model) -> dict:
+    """The run context at the frame's last row, fed step by step (as a guard would)."""
+    from collapse_guard.features.context import RunContext
+
+    ctx = RunContext.from_schema(model.schema)
+    names = [c for c in frame.columns if c != "step"]
+    for row in frame.itertuples(index=False):
+        record = row._asdict()
+        ctx.update(int(record.pop("step")), {n: float(record[n]) for n in names})
+    return ctx.get()

@@ -26,7 +26,9 @@ def test_frame_and_dict_of_arrays_give_the_same_answer(served, default_model):
         from_dict = client.risk(arrays, run_id="x")
         assert client.ready()
     assert from_frame == from_dict
-    assert from_frame.probability == default_model.predict_window(frame.drop(columns="event"))
+    assert from_frame.probability == default_model.predict_window(
+        frame.drop(columns="event"), context={}
+    )
 
 
 def test_nothing_listening_is_service_unavailable():
@@ -49,7 +51,7 @@ def test_a_server_that_never_answers_is_service_timeout():
 
 def test_bad_input_is_caught_before_sending():
     with RiskClient("http://127.0.0.1:9", timeout=1.0) as client:
-        with pytest.raises(ValueError, match="'step' column"):
+        with pytest.raises(ValueError, match="expected a 'step'"):
             client.risk({"loss": [1.0]})
         with pytest.raises(TypeError, match="DataFrame or a dict"):
             client.risk([1.0, 2.0])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
+import httpx
 import pytest
 from conftest import VARIANT_VERSION
 from helpers import TOKEN, window
@@ -13,21 +15,36 @@ from collapse_guard.service import RequestRejected, RiskClient
 
 
 @pytest.fixture(scope="module")
-def client(served):
+def client(served, default_model):
     with RiskClient(served, token=TOKEN, timeout=60.0) as c:
         yield c
-        c.reload("default")  # leave the default serving for the other modules
+        # leave the default serving, in every worker, for the other modules
+        c.reload("default")
+        until_every_worker_serves(served, default_model.meta["version"])
 
 
 def versions_seen(client, frame, n: int = 12) -> set[str]:
-    # 12 answers: with 2 workers, both are all but certain to have answered some
     return {client.risk(frame).model_version for _ in range(n)}
 
 
-def until_every_worker_serves(client, frame, version: str, limit: float = 15.0) -> None:
+def serving_by_worker(url: str) -> dict[str, str]:
+    """pid -> model version, from collapse_guard_model_info (one series per live worker)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("collapse_guard_model_info{") and line.endswith(" 1.0"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["pid"]] = labels["model_version"]
+    return out
+
+
+def until_every_worker_serves(url: str, version: str, limit: float = 30.0) -> None:
     deadline = time.monotonic() + limit
-    while versions_seen(client, frame) != {version}:
-        assert time.monotonic() < deadline, f"workers did not all switch to {version}"
+    while True:
+        serving = serving_by_worker(url)
+        if len(serving) == 2 and set(serving.values()) == {version}:
+            return
+        assert time.monotonic() < deadline, f"workers serve {serving}, not all {version}"
         time.sleep(0.2)
 
 
@@ -44,16 +61,15 @@ def test_failed_reload_leaves_the_old_model_serving(client, broken_dir, default_
     assert missing.value.status == 409 and "no-such-model" in missing.value.message
 
 
-def test_reload_from_the_registry_reaches_every_worker(client, default_model):
-    frame = window(2, default_model.schema.signals)
+def test_reload_from_the_registry_reaches_every_worker(served, client, default_model):
     answer = client.reload("models:/collapse-predictor/1")
     assert answer.reloaded and answer.previous_version == default_model.meta["version"]
     assert answer.model.version == "1" and answer.model.source == "models:/collapse-predictor/1"
     assert 0.0 <= answer.check_probability <= 1.0
-    until_every_worker_serves(client, frame, "1")
+    until_every_worker_serves(served, "1")
     assert client.model_info().version == "1"
     client.reload("default")
-    until_every_worker_serves(client, frame, default_model.meta["version"])
+    until_every_worker_serves(served, default_model.meta["version"])
 
 
 def _hammer(url, frames, stop, answers, errors):
@@ -80,9 +96,9 @@ def test_load_with_a_reload_in_the_middle(served, client, default_model, variant
     frames = {f"w{s}": window(100 + s, signals) for s in range(4)}
     expected = {
         default_model.meta["version"]: {
-            k: default_model.predict_window(f) for k, f in frames.items()
+            k: default_model.predict_window(f, context={}) for k, f in frames.items()
         },
-        VARIANT_VERSION: {k: variant.predict_window(f) for k, f in frames.items()},
+        VARIANT_VERSION: {k: variant.predict_window(f, context={}) for k, f in frames.items()},
     }
     stop, answers, errors = threading.Event(), [], []
     threads = [
@@ -101,13 +117,17 @@ def test_load_with_a_reload_in_the_middle(served, client, default_model, variant
         t.join(timeout=60)
     assert errors == []
     assert len(answers) > 100, len(answers)
-    for sent, received, name, version, p in answers:
-        assert p == expected[version][name], (version, name)
+    old, new = default_model.meta["version"], VARIANT_VERSION
+    for _sent, received, name, version, p in answers:
+        assert p == expected[version][name], (version, name)  # the model it names made it
         if received < reload_started:
-            assert version == default_model.meta["version"]
-        if sent > reload_done + 3.0:  # the other worker follows within ~1 s (0.5 + load)
-            assert version == VARIANT_VERSION
-    assert {a[3] for a in answers} == set(expected)
+            assert version == old
+    # the reloading worker serves the new model at once; the other follows (0.5 s + load)
+    assert any(v == new for s, _, _, v, _ in answers if s > reload_done)
+    last_old = max(s for s, _, _, v, _ in answers if v == old)
+    assert last_old - reload_done < 5.0, (
+        f"a worker served the old model {last_old - reload_done:.1f} s on"
+    )
 
 
 def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir):
@@ -124,7 +144,8 @@ def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir
     record = registry.log_training(
         RiskModel.load(variant_dir),
         metrics={},
-        score=lambda _: {"recall_at_warn": 0.9, "pr_auc": 0.9},  # beats 0.5: promoted
+        # the new model scores 0.9, the champion (v1) 0.1: promoted
+        score=lambda m: {"recall_at_warn": 0.1 if m.meta["version"] == "1" else 0.9, "pr_auc": 0.5},
         params={"test": 2},
         fingerprint="service-test-2",
     )

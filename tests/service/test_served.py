@@ -8,9 +8,10 @@ import httpx
 import numpy as np
 import pytest
 from conftest import SERVED_BODY_LIMIT
-from helpers import TOKEN, run_json, window
+from helpers import TOKEN, context_of, run_json, window
 
 from collapse_guard.service import RequestRejected, RiskClient
+from collapse_guard.service.scoring import signal_of
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,9 @@ def frames(default_model):
     return {f"run-{s}": window(s, signals, steps=150 + 20 * s) for s in range(6)}
 
 
-def embedded(model, frame):
+def embedded(model, frame, context=None):
     # a request without context is scored with NaN context features (context={})
-    return model.predict_window(frame)
+    return model.predict_window(frame, context=context or {})
 
 
 def test_risk_equals_the_embedded_model_to_the_bit(client, frames, default_model):
@@ -42,7 +43,7 @@ def test_risk_equals_the_embedded_model_to_the_bit(client, frames, default_model
         assert r.model_version == default_model.meta["version"]
         sizes = [abs(f.contribution) for f in r.top_factors]
         assert len(sizes) == 5 and sizes == sorted(sizes, reverse=True)
-        assert all(f.feature.split("__")[0] == f.signal for f in r.top_factors)
+        assert all(signal_of(f.feature) == f.signal for f in r.top_factors)
 
 
 def test_arrow_gives_the_same_answers_as_json(client, frames):
@@ -51,10 +52,31 @@ def test_arrow_gives_the_same_answers_as_json(client, frames):
     assert [r.model_dump() for r in as_arrow] == [r.model_dump() for r in as_json]
 
 
+def test_context_is_used_as_given_json_and_arrow(client, frames, default_model):
+    """The run's context, computed over the whole run, travels with its last window."""
+    runs = {k: f.iloc[-60:] for k, f in frames.items()}  # the caller sends recent steps
+    contexts = {k: context_of(f, default_model) for k, f in frames.items()}
+    contexts["run-1"] = {}  # none known: NaN features, as without "context"
+    first = next(iter(contexts["run-0"]))
+    contexts["run-4"] = contexts["run-4"] | {first: None}  # null: not known
+    for arrow in (False, True):
+        results = client.risk_many(runs, contexts, arrow=arrow)
+        for r, (name, frame) in zip(results, runs.items(), strict=True):
+            given = {k: v for k, v in contexts[name].items() if v is not None}
+            assert r.probability == embedded(default_model, frame, given), (arrow, name)
+    # the context features are the values sent, or NaN (null) when none was sent
+    explained = client.explain(runs["run-0"], context=contexts["run-0"])
+    sent = {f.feature: f.value for s in explained.signals for f in s.features}
+    for name, value in contexts["run-0"].items():
+        assert sent[name] == (value if math.isfinite(value) else None), name
+    bare = client.explain(runs["run-0"])
+    assert all(f.value is None for s in bare.signals if s.signal == "context" for f in s.features)
+
+
 def test_explain_adds_up_to_the_models_log_odds(client, frames, default_model):
     frame = frames["run-2"]
     answer = client.explain(frame, run_id="run-2")
-    X = default_model.extractor.transform_window(frame)[np.newaxis, :]
+    X = default_model.extractor.transform_window(frame, {})[np.newaxis, :]
     raw = float(default_model.booster.predict(X, raw_score=True, num_threads=1)[0])
     assert math.isclose(answer.log_odds, raw, rel_tol=0, abs_tol=1e-9)
     total = answer.base_log_odds + sum(s.contribution for s in answer.signals)
