@@ -10,9 +10,12 @@ is not in torch; ``Lion`` below is its update, written out::
     p = p * (1 - lr * wd) - lr * sign(c)     # decoupled weight decay, then the sign step
     m = beta2 * m + (1 - beta2) * g          # the momentum kept for the next step
 
-Every coordinate moves by exactly ``lr`` (or 0 where ``c`` is 0): Lion's stable LR is
-3-10x below AdamW's (the paper's advice), and its failure at high LR is a uniform
-push on every weight rather than AdamW's rare huge ``m / sqrt(v)`` updates.
+Every coordinate moves by exactly ``lr`` (or 0 where ``c`` is 0), so its failure at
+high LR is a uniform push on every weight rather than AdamW's rare huge
+``m / sqrt(v)`` updates. The paper advises an LR 3-10x below AdamW's; on these small
+models the measured edges are closer (Lion 0.03, AdamW 0.04: ``sampler.STABLE_EDGE``),
+but Lion grows attention logits steadily even well below its edge (measured at 0.003:
+the largest logit ~4,000 by step 500 while the loss still fell).
 """
 
 from __future__ import annotations
