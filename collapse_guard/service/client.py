@@ -42,6 +42,7 @@ __all__ = [
     "ServiceTimeout",
     "ServiceUnavailable",
     "as_raw_run",
+    "encode_json",
 ]
 
 _NOT_SIGNALS = frozenset({"step", "steps", "event"})
@@ -102,7 +103,8 @@ def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None
     return RawRun(run_id, np.asarray(steps, dtype=np.int64), columns, context)
 
 
-def _json_body(runs: Sequence[RawRun], top_k: int) -> bytes:
+def encode_json(runs: Sequence[RawRun], top_k: int) -> bytes:
+    """The JSON body of ``POST /risk`` for ``runs``."""
     # json writes NaN/Infinity as bare literals, which the service reads (wire.py)
     items = []
     for r in runs:
@@ -173,14 +175,14 @@ class RiskClient:
                 params={"top_k": self.top_k},
             )
         else:
-            response = self._send_json("/risk", _json_body(raw, self.top_k))
+            response = self._send_json("/risk", encode_json(raw, self.top_k))
         return _parse(response, RiskResponse).results
 
     def explain(
         self, run: Any, run_id: str = "run", context: Mapping[str, float | None] | None = None
     ) -> ExplainResponse:
         """Every feature's contribution for one run's window, grouped by signal."""
-        body = _json_body([as_raw_run(run, run_id, context)], 0)
+        body = encode_json([as_raw_run(run, run_id, context)], 0)
         return _parse(self._send_json("/explain", body), ExplainResponse)
 
     # ------------------------------------------------------------------ admin

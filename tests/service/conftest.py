@@ -73,15 +73,20 @@ def broken_dir(tmp_path_factory, variant_dir):
 
 
 @pytest.fixture(scope="session")
-def mlflow_uri(tmp_path_factory, variant_dir):
+def store_uri(tmp_path_factory):
+    """Where the test MLflow store lives (filled by ``mlflow_uri``)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(store_uri, variant_dir):
     """A real SQLite MLflow store holding the variant as collapse-predictor v1 @champion."""
     import mlflow
 
     from collapse_guard.predictor import registry
     from collapse_guard.predictor.risk import RiskModel
 
-    folder = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = store_uri
     old = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
@@ -138,7 +143,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory, mlflow_uri):
+def served(tmp_path_factory, store_uri, request):
     """URL of a real served instance: `collapse-guard serve --workers 2`, token TOKEN."""
     folder = tmp_path_factory.mktemp("served")
     port = free_port()
@@ -147,7 +152,7 @@ def served(tmp_path_factory, mlflow_uri):
         BENTOML_HOME=str(folder / "bentoml"),
         COLLAPSE_GUARD_TOKEN=TOKEN,
         COLLAPSE_GUARD_MAX_BODY_BYTES=str(SERVED_BODY_LIMIT),
-        MLFLOW_TRACKING_URI=mlflow_uri,
+        MLFLOW_TRACKING_URI=store_uri,
     )
     command = Path(sys.executable).with_name("collapse-guard")
     args = [str(command), "serve", "--port", str(port), "--workers", "2", "--model", "default"]
@@ -158,6 +163,7 @@ def served(tmp_path_factory, mlflow_uri):
         )
     url = f"http://127.0.0.1:{port}"
     try:
+        request.getfixturevalue("mlflow_uri")  # fill the store while the server starts
         _wait_ready(url, proc, log)
         yield url
     finally:

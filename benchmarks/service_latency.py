@@ -1,0 +1,195 @@
+"""Latency and throughput of the risk service, beside the embedded model, in one run.
+
+    OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/service_latency.py
+
+Starts ``collapse-guard serve`` itself (loopback, a free port, the bundled model) at 1 and
+then 2 workers, and measures:
+
+- latency: one window of 200 steps x every model signal (23), JSON, through
+  ``RiskClient`` (keep-alive connection, top 5 factors), one request at a time: p50, p99.
+  Target (issue 9): p99 <= 10 ms;
+- throughput at 2 workers: batches of 64 such windows, JSON and Arrow, from 4 concurrent
+  senders, bodies encoded once beforehand (what is timed is the service, not the
+  client's encoder): windows per second, with the top 5 contributing features per
+  window (the default; SHAP costs about as much as the features) and without
+  (``top_k=0``). Targets: >= 2,000 (JSON), >= 8,000 (Arrow);
+- the embedded path in this process: ``RiskModel.predict_window(frame, context={})`` per
+  window, and ``predict_windows`` of 64 frames per window, and the service's overhead as
+  the ratio of its p50 to the embedded window.
+
+The client, the workers and whatever else runs on the machine share its cores: the load
+average is printed before and after, and belongs beside every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.service import RiskClient
+from collapse_guard.service.arrow_codec import ARROW_TYPE, encode_runs
+from collapse_guard.service.client import as_raw_run, encode_json
+
+__all__ = ["frames_for"]
+
+
+def frames_for(model: RiskModel, n: int, steps: int = 200, seed: int = 0) -> list[pd.DataFrame]:
+    """``n`` windows of ``steps`` steps x every model signal (random walks, seeded)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        cols = {"step": np.arange(1000, 1000 + steps)}
+        for name in model.schema.signals:
+            cols[name] = 1.0 + 0.05 * np.cumsum(rng.normal(size=steps))
+        out.append(pd.DataFrame(cols))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``collapse-guard serve`` in its own process group; SIGTERM on exit."""
+
+    def __init__(self, workers: int) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = Path(sys.executable).with_name("collapse-guard")
+        args = [str(command), "serve", "--port", str(self.port), "--workers", str(workers)]
+        env = dict(os.environ, BENTOML_DO_NOT_TRACK="true")
+        env.pop("COLLAPSE_GUARD_TOKEN", None)
+        self.proc = subprocess.Popen(
+            args,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.3)
+        raise RuntimeError("the service did not become ready in 180 s")
+
+    def __exit__(self, *exc: object) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def latency(url: str, frame: pd.DataFrame, n: int) -> tuple[float, float]:
+    """(p50, p99) in ms of ``n`` single-window requests after a warm-up."""
+    times = []
+    with RiskClient(url, timeout=30) as client:
+        for _ in range(50):
+            client.risk(frame)
+        for _ in range(n):
+            start = time.perf_counter()
+            client.risk(frame)
+            times.append(time.perf_counter() - start)
+    ms = np.array(times) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+def throughput(
+    url: str, body: bytes, content_type: str, seconds: float, senders: int, top_k: int
+) -> float:
+    """Windows per second (64 per body) from ``senders`` concurrent keep-alive clients."""
+    done = [0] * senders
+    stop = threading.Event()
+    path = f"/risk?top_k={top_k}" if content_type == ARROW_TYPE else "/risk"
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while not stop.is_set():
+                r = http.post(path, content=body, headers={"Content-Type": content_type})
+                r.raise_for_status()
+                done[i] += 1
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(senders)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # warm-up: every worker has answered
+    first, start = sum(done), time.perf_counter()
+    time.sleep(seconds)
+    count, elapsed = sum(done) - first, time.perf_counter() - start
+    stop.set()
+    for t in threads:
+        t.join()
+    return 64 * count / elapsed
+
+
+def embedded(model: RiskModel, frames: list[pd.DataFrame], n: int) -> tuple[float, float]:
+    """(ms per window one at a time, ms per window in a batch of 64), medians."""
+    one = []
+    for i in range(n):
+        start = time.perf_counter()
+        model.predict_window(frames[i % len(frames)], context={})
+        one.append(time.perf_counter() - start)
+    batch = []
+    for _ in range(20):
+        start = time.perf_counter()
+        model.predict_windows(frames, contexts=[{}] * len(frames))
+        batch.append((time.perf_counter() - start) / len(frames))
+    return 1000 * float(np.median(one)), 1000 * float(np.median(batch))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=1000, help="latency samples per setup")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per throughput figure")
+    parser.add_argument("--senders", type=int, default=4, help="concurrent senders")
+    args = parser.parse_args()
+
+    model = RiskModel.load()
+    frames = frames_for(model, 64)
+    raw = [as_raw_run(f, f"run-{i}") for i, f in enumerate(frames)]
+    json_body, arrow_body = encode_json(raw, 5), encode_runs(raw)
+    bodies = [  # (label, body, content type, top_k)
+        ("JSON, top 5 factors", json_body, "application/json", 5),
+        ("Arrow, top 5 factors", arrow_body, ARROW_TYPE, 5),
+        ("JSON, no factors", encode_json(raw, 0), "application/json", 0),
+        ("Arrow, no factors", arrow_body, ARROW_TYPE, 0),
+    ]
+    print(f"load average before: {os.getloadavg()}")
+    print(f"model {model.meta['version']}, {len(model.schema.signals)} signals, window 200")
+    print(f"batch of 64: JSON {len(json_body) / 1e6:.2f} MB, Arrow {len(arrow_body) / 1e6:.2f} MB")
+    one_ms, batch_ms = embedded(model, frames, 500)
+    print(f"embedded: {one_ms:.3f} ms per window alone, {batch_ms:.3f} ms per window in 64")
+    for workers in (1, 2):
+        with Server(workers) as server:
+            p50, p99 = latency(server.url, frames[0], args.requests)
+            print(
+                f"{workers} worker(s): one window p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+                f"(overhead {p50 / one_ms:.1f}x the embedded window)"
+            )
+            if workers == 2:
+                for name, body, kind, top_k in bodies:
+                    rate = throughput(server.url, body, kind, args.seconds, args.senders, top_k)
+                    print(f"2 workers: {rate:,.0f} windows/s over {name} (batches of 64)")
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
