@@ -1,3 +1,23 @@
-"""guard part of collapse-guard (see DESIGN.md)."""
+"""The guard: acts on the collapse risk inside a PyTorch training loop (DESIGN.md "Guard").
 
-__all__: list[str] = []
+``Guard(model, optimizer, checkpoint_dir=...)``, then ``decision = guard.step(loss)`` in
+place of ``optimizer.step()``; ``guard.close()`` at the end. Where each action happens:
+:mod:`collapse_guard.guard.guard`; the rules: :mod:`collapse_guard.guard.decision`; every
+number: :class:`GuardPolicy`.
+"""
+
+from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
+from collapse_guard.guard.guard import Guard, GuardGaveUp
+from collapse_guard.guard.policy import LEVELS, GuardPolicy
+from collapse_guard.guard.schedule import warmup_cosine
+
+__all__ = [
+    "LEVELS",
+    "Guard",
+    "GuardDecision",
+    "GuardGaveUp",
+    "GuardPolicy",
+    "StepFacts",
+    "decide",
+    "warmup_cosine",
+]

@@ -1,0 +1,171 @@
+"""What the guard saw at a step (:class:`StepFacts`) and what it decided (:class:`GuardDecision`).
+
+:func:`decide` is a pure function of the facts and the policy: no model, no optimizer,
+no clock. The guard gathers the facts, calls it, and one small applier
+(``Guard._apply``) executes the decision. Decisions can therefore be logged (they are
+the run file's ``event`` column), tested on hand-written facts and replayed.
+
+The order of the rules is the order of their urgency::
+
+    give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
+    rescue    online collapse | non-finite loss | max_skip_streak skips in a row
+              -> no update, roll back to the ring's average, skip batches, lower LR
+    skip      non-finite gradient, loss / grad-norm z over outlier_z (critical_outlier_z
+              at `critical`) -> no update this step
+    level     LR multiplier and clipping of the level; a tensor whose gradient norm
+              is an outlier is clipped (warn and above)
+    keep      a healthy step checkpoints every checkpoint_every steps, and at watch
+              or above when none is recent
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from collapse_guard.guard.policy import LEVELS, GuardPolicy
+
+__all__ = ["GuardDecision", "StepFacts", "decide", "next_lr_multiplier"]
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the guard knows at step ``step``, before the update is applied."""
+
+    step: int
+    loss: float  # this step's loss (the forward ran at the current parameters)
+    grad_norm: float  # global L2 norm of the gradients, unscaled, before clipping
+    grad_finite: bool = True  # every gradient element finite
+    loss_z: float = math.nan  # z-score against the recent finite history (NaN: too short)
+    grad_z: float = math.nan
+    level: str = "ok"  # the latest risk reading's level
+    probability: float = math.nan
+    lr_multiplier: float = 1.0  # the level multiplier in force before this step
+    skip_streak: int = 0  # updates skipped in a row before this step
+    collapse_online: bool = False  # the label rule, run live, sees a collapse
+    rescues: int = 0  # rescues done so far
+    layer_outliers: tuple[str, ...] = ()  # tensors whose gradient norm is an outlier
+    since_checkpoint: int = 0  # steps since the last ring checkpoint
+    quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
+    amp_overflow: bool = False  # the GradScaler found inf/NaN: its own skip, not ours
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """What the applier does at one step; ``events`` is what the run file records."""
+
+    step: int
+    level: str = "ok"
+    probability: float = math.nan
+    apply_update: bool = True
+    lr_multiplier: float = 1.0  # of the level, over the loop's LR (rescue factor apart)
+    clip_to: float = 0.0  # global gradient-norm bound; 0 = no clipping
+    clip_layers: tuple[str, ...] = ()  # tensors clipped to layer_outlier_ratio x median
+    checkpoint: bool = False
+    rescue: bool = False  # roll back, skip batches, lower the LR, clip blown-up layers
+    reason: str = ""  # why the update was skipped or the rescue made
+    give_up: bool = False
+    rollback_to: tuple[str, ...] = ()  # the checkpoints a rescue averages (set by the guard
+    # from its ring, so that every DDP rank reads the same files)
+    events: tuple[str, ...] = field(default=())
+
+    @property
+    def skipped(self) -> bool:
+        return not self.apply_update
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GuardDecision:
+        data = dict(data)
+        for key in ("clip_layers", "rollback_to", "events"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+
+def next_lr_multiplier(current: float, level: str, policy: GuardPolicy) -> float:
+    """The level's multiplier: down at once, back up by doubling every lr_restore_steps."""
+    target = policy.level_lr(level)
+    if target <= current:
+        return target
+    rate = 2.0 ** (1.0 / policy.lr_restore_steps) if policy.lr_restore_steps else math.inf
+    return min(target, current * rate)
+
+
+def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
+    if not math.isfinite(facts.loss):
+        return "nonfinite_loss"
+    if facts.collapse_online:
+        return "online_collapse"
+    if facts.skip_streak + 1 >= policy.max_skip_streak and _skip_reason(facts, policy):
+        return f"skip_streak={facts.skip_streak + 1}"
+    return ""
+
+
+def _skip_reason(facts: StepFacts, policy: GuardPolicy) -> str:
+    if not facts.grad_finite and not facts.amp_overflow:
+        return "nonfinite_grad"
+    z = policy.critical_outlier_z if facts.level == "critical" else policy.outlier_z
+    for name, value in (("loss_z", facts.loss_z), ("grad_z", facts.grad_z)):
+        if value > z:  # NaN (too little history) compares False
+            return f"{name}={value:.1f}"
+    return ""
+
+
+def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
+    """The decision for one step (the module docstring gives the rules and their order)."""
+    if facts.level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {facts.level!r}")
+    common = {"step": facts.step, "level": facts.level, "probability": facts.probability}
+    lr = next_lr_multiplier(facts.lr_multiplier, facts.level, policy)
+    rescue = _rescue_reason(facts, policy)
+    if rescue:
+        if facts.rescues >= policy.max_rescues:
+            return GuardDecision(
+                **common,
+                apply_update=False,
+                lr_multiplier=lr,
+                reason=rescue,
+                give_up=True,
+                events=(f"give_up:{rescue}",),
+            )
+        return GuardDecision(
+            **common,
+            apply_update=False,
+            lr_multiplier=lr,
+            rescue=True,
+            reason=rescue,
+            clip_layers=facts.layer_outliers,
+            events=(f"rescue:{rescue}",),
+        )
+    events = []
+    if lr != facts.lr_multiplier:
+        events.append(f"lr_x{lr:.3g}")
+    skip = _skip_reason(facts, policy)
+    if skip:
+        return GuardDecision(
+            **common,
+            apply_update=False,
+            lr_multiplier=lr,
+            reason=skip,
+            events=(*events, f"skip:{skip}"),
+        )
+    elevated = facts.level in ("warn", "critical")
+    layers = facts.layer_outliers if elevated else ()
+    if layers:
+        events.append(f"clip_layers:{len(layers)}")
+    healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != "critical"
+    due = policy.checkpoint_every and facts.since_checkpoint >= policy.checkpoint_every
+    watchful = facts.level != "ok" and facts.since_checkpoint >= policy.watch_checkpoint_gap
+    checkpoint = bool(healthy and (due or watchful))
+    if checkpoint:
+        events.append("checkpoint")
+    return GuardDecision(
+        **common,
+        lr_multiplier=lr,
+        clip_to=policy.level_clip(facts.level),
+        clip_layers=layers,
+        checkpoint=checkpoint,
+        events=tuple(events),
+    )

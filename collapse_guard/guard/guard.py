@@ -1,0 +1,575 @@
+"""The guard: observes through its own probe, decides, and acts, inside the user's loop.
+
+The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order)::
+
+    guard = Guard(model, optimizer, checkpoint_dir="ckpt")   # preflight warnings here
+    for x, y in guard.batches(loader):        # skips the batches a rescue asked to skip
+        for group in optimizer.param_groups:  # (optional: nanoGPT sets the LR itself)
+            group["lr"] = lr_at(step)
+        logits, loss = model(x, y)
+        loss.backward()                       # (scaler.scale(loss).backward() with AMP)
+        decision = guard.step(loss)           # replaces clipping and optimizer.step():
+            # <POLL>      the newest risk answer, if one arrived: level and probability
+            # <UNSCALE>   scaler.unscale_(optimizer) when a GradScaler was given
+            # <MEASURE>   probe.after_backward(loss); per-tensor gradient norms; one sync
+            # <DECIDE>    decision.decide(facts): skip / rescue / level actions (pure)
+            # <APPLY>     clip (global, outlier layers), LR x multiplier, optimizer.step()
+            #             or not, scaler.update(), probe.after_step(), LR restored
+            # <RESCUE>    forensics, roll back to the ring's average, skip batches, lower LR
+            # <RECORD>    the step's row and events into the run file (source "guarded")
+            # <KEEP>      a healthy checkpoint when due; the window to the risk source
+        optimizer.zero_grad()
+        scheduler.step()                      # any torch scheduler, or none
+    guard.close()                             # flushes the run file; idempotent
+
+The probe observes and never acts; every change to training is made here, by the
+applier, from a :class:`GuardDecision`. The LR multiplier is set on every parameter
+group just before the optimizer step and the loop's own LR is put back right after, so
+it holds whether the loop sets ``group["lr"]`` every step or a scheduler does (chainable
+schedulers read ``group["lr"]`` and must not see the multiplier).
+
+The guard's one host sync a step reads the loss and the gradient norm, which the
+decision needs before the update; the probe's own sync comes with ``after_step``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from collapse_guard.guard import ddp
+from collapse_guard.guard.checkpoints import CheckpointRing, save_atomic
+from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
+from collapse_guard.guard.forensics import GradientHistory
+from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
+from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
+from collapse_guard.guard.risk_source import make_risk_source
+from collapse_guard.probe import Probe, ProbeConfig
+from collapse_guard.signals import SIGNAL_NAMES
+
+__all__ = ["STATE_VERSION", "Guard", "GuardGaveUp"]
+
+STATE_VERSION = 1  # layout of Guard.state_dict(); bump when a key changes meaning
+_FORCEABLE = ("skip", "rescue", "checkpoint")
+_DEFAULT_WINDOW = 200  # records kept without a risk model (DESIGN.md's window)
+
+
+class GuardGaveUp(RuntimeError):
+    """The run kept collapsing after ``GuardPolicy.max_rescues`` rescues."""
+
+
+class Guard:
+    """Observe and act: ``decision = guard.step(loss)`` in place of ``optimizer.step()``.
+
+    Args:
+        model: the module being trained (a DDP wrapper is fine).
+        optimizer: its optimizer.
+        checkpoint_dir: folder of the healthy-checkpoint ring, the run file
+            (``run-<run_id>.parquet``) and the forensics of rescues.
+        scaler: the AMP ``GradScaler``, if any: the guard unscales, steps and updates it.
+        risk: None or ``"embedded"`` (the bundled model), ``"off"`` (reactive path
+            only), a service URL or a ``RiskClient`` (the embedded model as fallback),
+            or a ``RiskModel``.
+        config: a :class:`GuardPolicy` or a mapping of its fields.
+        probe_config: the owned probe's :class:`ProbeConfig`.
+        run_id: the run file's id (default: a fresh uuid); ``record=False``: no run file.
+        token, timeout: for a service URL.
+        preflight: warn where the set-up is outside the seed's safe ranges.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        checkpoint_dir: str | os.PathLike = "guard-checkpoints",
+        *,
+        scaler: Any = None,
+        risk: Any = None,
+        config: GuardPolicy | Mapping[str, Any] | None = None,
+        probe_config: ProbeConfig | Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        record: bool = True,
+        token: str | None = None,
+        timeout: float = 2.0,
+        preflight: bool = True,
+    ) -> None:
+        if isinstance(config, Mapping):
+            config = GuardPolicy.from_dict(config)
+        self.policy = config or GuardPolicy()
+        if not isinstance(self.policy, GuardPolicy):
+            raise TypeError(
+                f"config must be a GuardPolicy or a mapping, got {type(config).__name__}"
+            )
+        if isinstance(probe_config, Mapping):
+            probe_config = ProbeConfig.from_dict(probe_config)
+        probe_config = ProbeConfig(**(probe_config or ProbeConfig()).to_dict())  # our copy
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.probe = Probe(model, optimizer, probe_config, scaler=scaler)
+        self._attention_every = probe_config.attention_every
+        self.folder = Path(checkpoint_dir)
+        self.rank = ddp.rank()
+        self.ring = CheckpointRing(self.folder, self.policy.keep_checkpoints)
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.risk = (
+            make_risk_source(risk, token=token, timeout=timeout, run_id=self.run_id)
+            if self.rank == 0
+            else None
+        )
+        schema = self.risk.schema if self.risk is not None else None
+        self.window_size = schema.window if schema is not None else _DEFAULT_WINDOW
+        if schema is not None:
+            from collapse_guard.features import RunContext  # numpy only
+
+            self.context = RunContext.from_schema(schema)
+        else:
+            self.context = None
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.param_names = tuple(n for n, _ in named)
+        self.params = [p for _, p in named]
+        device = self.params[0].device if self.params else None
+        self.history = GradientHistory(self.param_names, device=device)
+        self._writer = self._open_writer() if record and self.rank == 0 else None
+        self._warmup = WarmupCheck()
+        self._forced: str | None = None
+        self._closed = False
+        self._reset_trajectory()
+        # run state: kept across rollbacks (what the run has learnt about itself)
+        self.step_index = 0
+        self.level, self.probability, self.risk_source = "ok", math.nan, ""
+        self.lr_multiplier = 1.0  # of the level
+        self.rescue_lr = 1.0  # lasting factor, x policy.rescue_lr per rescue
+        self.layer_bounds: dict[str, float] = {}  # tensor -> gradient-norm cap after rescues
+        self.pending_skips = 0
+        self.skip_streak = self.quiet_steps = 0
+        self.since_checkpoint = 10**9  # no checkpoint yet: the first healthy step writes one
+        self.rescues = self.skipped = self.checkpoints = 0
+        self.events: list[tuple[int, str]] = []
+        self.first_warning: int | None = None  # first step at warn or above
+        if preflight and self.rank == 0:
+            lrs = [float(g["lr"]) for g in optimizer.param_groups]
+            for message in preflight_warnings(model, lrs, self.policy.clip):
+                warnings.warn(f"collapse-guard preflight: {message}", UserWarning, stacklevel=2)
+
+    # ------------------------------------------------------------------ state
+    def _reset_trajectory(self) -> None:
+        """Fresh trajectory state: what a rollback restores from its checkpoint."""
+        p = self.policy
+        self.loss_history = OutlierHistory(p.outlier_history, p.outlier_min_history)
+        self.grad_history = OutlierHistory(p.outlier_history, p.outlier_min_history)
+        self.online = OnlineLabel(p.collapse_confirm_steps)
+        self.window: deque[tuple[int, list[float]]] = deque(maxlen=self.window_size)
+        if self.context is not None:
+            self.context.reset()
+
+    def _trajectory_state(self) -> dict[str, Any]:
+        return {
+            "loss_history": self.loss_history.state_dict(),
+            "grad_history": self.grad_history.state_dict(),
+            "online": self.online.state_dict(),
+            "window_steps": [s for s, _ in self.window],
+            "window": [row for _, row in self.window],
+            "context": self.context.state_dict() if self.context is not None else None,
+        }
+
+    def _load_trajectory(self, state: Mapping[str, Any]) -> None:
+        self.loss_history.load_state_dict(state["loss_history"])
+        self.grad_history.load_state_dict(state["grad_history"])
+        self.online.load_state_dict(state["online"])
+        rows = zip(state["window_steps"], state["window"], strict=True)
+        self.window = deque(((int(s), list(r)) for s, r in rows), maxlen=self.window_size)
+        if self.context is not None and state["context"] is not None:
+            self.context.load_state_dict(state["context"])
+
+    _RUN_KEYS = (
+        "step_index",
+        "level",
+        "probability",
+        "lr_multiplier",
+        "rescue_lr",
+        "layer_bounds",
+        "pending_skips",
+        "rescues",
+        "skipped",
+        "checkpoints",
+        "first_warning",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's own state (plain values: loads with ``weights_only=True``)."""
+        run = {key: getattr(self, key) for key in self._RUN_KEYS}
+        run["events"] = [list(e) for e in self.events]
+        return {"version": STATE_VERSION, "run": run, "trajectory": self._trajectory_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> Guard:
+        """Restore :meth:`state_dict` (a resumed run keeps its history); returns self."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"guard state version {state.get('version')!r}, this code reads "
+                f"{STATE_VERSION}; resume with the collapse-guard release that saved it"
+            )
+        for key in self._RUN_KEYS:
+            setattr(self, key, state["run"][key])
+        self.layer_bounds = dict(self.layer_bounds)
+        self.events = [(int(s), str(e)) for s, e in state["run"]["events"]]
+        self._load_trajectory(state["trajectory"])
+        self.probe.step = self.step_index
+        return self
+
+    def resume(self, path: str | os.PathLike | None = None) -> int:
+        """Load model, optimizer, scaler and guard state from a ring checkpoint (default:
+        the newest in ``checkpoint_dir``); returns the step to continue from."""
+        from collapse_guard.guard.checkpoints import load_checkpoint
+
+        path = path or self.ring.newest()
+        if path is None:
+            raise FileNotFoundError(f"no guard checkpoint in {self.folder} to resume from")
+        state = load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.load_state_dict(state["guard"])
+        self.since_checkpoint = 0
+        return self.step_index
+
+    # --------------------------------------------------------------- batches
+    def should_skip_batch(self) -> bool:
+        """True while a rescue asks to skip batches (each call consumes one)."""
+        if self.pending_skips > 0:
+            self.pending_skips -= 1
+            return True
+        return False
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """``loader``'s batches, less those a rescue asked to skip."""
+        for batch in loader:
+            if not self.should_skip_batch():
+                yield batch
+
+    def force_next(self, action: str) -> None:
+        """Make the next step ``"skip"``, ``"rescue"`` or ``"checkpoint"`` (tests, drills)."""
+        if action not in _FORCEABLE:
+            raise ValueError(f"action must be one of {_FORCEABLE}, got {action!r}")
+        self._forced = action
+
+    # ------------------------------------------------------------------ step
+    def step(self, loss: torch.Tensor | float) -> GuardDecision:
+        """Measure, decide and act for one optimizer step (module docstring)."""
+        if self._closed:
+            raise RuntimeError("guard.step() after guard.close(); create a new Guard")
+        s = self.step_index
+        self._poll_risk()
+        if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        self.probe.after_backward(loss)
+        norms = self._tensor_norms()
+        loss_t = (
+            loss.detach().float().reshape(())
+            if torch.is_tensor(loss)
+            else torch.tensor(float(loss))
+        )
+        total = torch.linalg.vector_norm(norms) if len(norms) else torch.zeros(())
+        loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync point
+        self.history.add(s, norms)
+        decision = ddp.share(
+            self._decide(s, loss_value, grad_norm, norms) if self.rank == 0 else None
+        )
+        self._apply(decision, grad_norm, norms)
+        return decision
+
+    def _poll_risk(self) -> None:
+        reading = self.risk.poll() if self.risk is not None else None
+        if reading is None:
+            return
+        self.level, self.probability, self.risk_source = (
+            reading.level,
+            reading.probability,
+            reading.source,
+        )
+        if self.first_warning is None and reading.level in ("warn", "critical"):
+            self.first_warning = self.step_index
+        elevated = reading.level != "ok"
+        self.probe.config.attention_every = (
+            self.policy.watch_attention_every if elevated else self._attention_every
+        )
+
+    def _tensor_norms(self) -> torch.Tensor:
+        """Every trainable tensor's gradient norm (0 without a gradient), on the device."""
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
+        if not present:
+            return torch.zeros(len(grads))
+        norms = iter(torch._foreach_norm(present))
+        device = present[0].device
+        return torch.stack(
+            [
+                next(norms).float().to(device) if g is not None else torch.zeros((), device=device)
+                for g in grads
+            ]
+        )
+
+    def _decide(
+        self, s: int, loss_value: float, grad_norm: float, norms: torch.Tensor
+    ) -> GuardDecision:
+        self.online.update(s, loss_value)
+        elevated = self.level in ("warn", "critical")
+        outliers = self.history.outliers(norms, self.policy.layer_outlier_ratio) if elevated else {}
+        facts = StepFacts(
+            step=s,
+            loss=loss_value,
+            grad_norm=grad_norm,
+            grad_finite=math.isfinite(grad_norm),
+            loss_z=self.loss_history.z(loss_value),
+            grad_z=self.grad_history.z(grad_norm),
+            level=self.level,
+            probability=self.probability,
+            lr_multiplier=self.lr_multiplier,
+            skip_streak=self.skip_streak,
+            collapse_online=self.online.collapsed(s),
+            rescues=self.rescues,
+            layer_outliers=tuple(outliers),
+            since_checkpoint=self.since_checkpoint,
+            quiet_steps=self.quiet_steps,
+            amp_overflow=self._amp_overflow(),
+        )
+        decision = decide(facts, self.policy)
+        decision = self._forced_decision(decision)
+        if decision.rescue:
+            paths = tuple(str(p) for p in self.ring.paths())
+            decision = replace(decision, rollback_to=paths)
+        return decision
+
+    def _forced_decision(self, decision: GuardDecision) -> GuardDecision:
+        forced, self._forced = self._forced, None
+        if forced == "skip":
+            return replace(
+                decision,
+                apply_update=False,
+                reason="forced",
+                events=(*decision.events, "skip:forced"),
+            )
+        if forced == "rescue":
+            return replace(
+                decision,
+                apply_update=False,
+                rescue=True,
+                reason="forced",
+                events=(*decision.events, "rescue:forced"),
+            )
+        if forced == "checkpoint":
+            return replace(decision, checkpoint=True, events=(*decision.events, "checkpoint"))
+        return decision
+
+    def _amp_overflow(self) -> bool:
+        if self.scaler is None or not self.scaler.is_enabled():
+            return False
+        state = self.scaler._per_optimizer_states.get(id(self.optimizer), {})
+        found = state.get("found_inf_per_device", {})
+        return bool(sum(v.item() for v in found.values()))  # sync only under AMP
+
+    # ----------------------------------------------------------------- apply
+    def _apply(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
+        """Execute ``decision``: the only place where the guard changes training."""
+        s = self.step_index
+        if decision.give_up:
+            self._log(s, decision.events)
+            self.close()
+            raise GuardGaveUp(
+                f"step {s}: the run collapsed again ({decision.reason}) after "
+                f"{self.rescues} rescues (GuardPolicy.max_rescues={self.policy.max_rescues}); "
+                f"stopping instead of looping. Forensics of each rescue are in {self.folder}/"
+                "forensics; lower the LR, or raise max_rescues to keep trying"
+            )
+        self.lr_multiplier = decision.lr_multiplier
+        saved = None
+        if decision.apply_update and not decision.rescue:
+            self._clip(decision, grad_norm, norms)
+            saved = [group["lr"] for group in self.optimizer.param_groups]
+            factor = decision.lr_multiplier * self.rescue_lr
+            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                group["lr"] = lr * factor
+            if self.scaler is not None and self.scaler.is_enabled():
+                self.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+        if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.update()
+        record = self.probe.after_step()  # `lr` is the LR in force, multiplier included
+        if saved is not None:
+            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                group["lr"] = lr
+            warning = self._warmup.add(saved[0])
+            if warning and self.rank == 0:
+                warnings.warn(f"collapse-guard preflight: {warning}", UserWarning, stacklevel=3)
+        events = list(decision.events)
+        if decision.rescue:
+            events += self._rescue(decision, norms)
+        self._count(decision, record)
+        self._log(s, events)
+        if self._writer is not None:
+            self._writer.append(s, record, event=";".join(events))
+        if decision.checkpoint and not decision.rescue:
+            self._checkpoint()
+        if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and self.window:
+            self.risk.submit(s, self._window_frame(), self.context.get())
+        self.step_index += 1
+
+    def _clip(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
+        bounds = dict(self.layer_bounds)
+        if decision.clip_layers:
+            medians = self.history.outliers(norms, self.policy.layer_outlier_ratio)
+            for name in decision.clip_layers:
+                if name in medians:
+                    bounds.setdefault(name, self.policy.layer_outlier_ratio * medians[name])
+        index = {n: i for i, n in enumerate(self.param_names)}
+        clipped = False
+        for name, bound in bounds.items():
+            i = index.get(name)
+            grad = self.params[i].grad if i is not None else None
+            if grad is not None:
+                norm = float(norms[i])
+                if norm > bound:
+                    grad.mul_(bound / (norm + 1e-6))
+                    clipped = True
+        if decision.clip_to > 0:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if clipped:  # the layer clipping changed the norm: measure it again
+                torch.nn.utils.clip_grad_norm_(self.params, decision.clip_to, foreach=True)
+            elif grad_norm > decision.clip_to:
+                torch._foreach_mul_(grads, decision.clip_to / (grad_norm + 1e-6))
+
+    def _count(self, decision: GuardDecision, record: dict[str, float]) -> None:
+        s = self.step_index
+        applied = decision.apply_update and not decision.rescue
+        if applied:
+            self.skip_streak = 0
+            self.loss_history.add(record["loss"])
+            self.grad_history.add(record["grad_norm"])
+        elif not decision.rescue:
+            self.skip_streak += 1
+            self.skipped += 1
+        open_excursion = self.online.open_for(s) > 0
+        calm = applied and not open_excursion and decision.level != "critical"
+        self.quiet_steps = self.quiet_steps + 1 if calm else 0
+        self.since_checkpoint += 1
+        if not decision.rescue:
+            self.window.append((s, [record[k] for k in SIGNAL_NAMES]))
+            if self.context is not None:
+                self.context.update(s, record)
+
+    def _log(self, s: int, events: Iterable[str]) -> None:
+        self.events.extend((s, e) for e in events)
+
+    def _window_frame(self):
+        import pandas as pd
+
+        frame = pd.DataFrame([row for _, row in self.window], columns=list(SIGNAL_NAMES))
+        frame.insert(0, "step", [s for s, _ in self.window])
+        return frame
+
+    # ------------------------------------------------------ checkpoint, rescue
+    def _full_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "guard": self.state_dict(),
+        }
+
+    def _checkpoint(self) -> None:
+        if self.rank == 0:
+            self.ring.save(self.step_index, self._full_state())
+        self.checkpoints += 1
+        self.since_checkpoint = 0
+
+    def _rescue(self, decision: GuardDecision, norms: torch.Tensor) -> list[str]:
+        """Forensics, rollback to the ring's average, skips, a lower LR, layer caps."""
+        s, p = self.step_index, self.policy
+        events = []
+        blown = self.history.outliers(norms, p.layer_outlier_ratio, min_rows=1)
+        if self.rank == 0:
+            folder = self.folder / "forensics" / f"step-{s:09d}"
+            current = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+            save_atomic({"format": 1, "step": s, **current}, folder / "state.pt")
+            self.history.save(folder, blown)
+            events.append(f"forensics:{folder.name}")
+        if decision.rollback_to:
+            state = self.ring.rollback_state(decision.rollback_to)
+            lrs = [g["lr"] for g in self.optimizer.param_groups]  # the loop's LR stays
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            self._load_trajectory(state["guard"]["trajectory"])
+            self.probe.reset()  # the rollback is not an update: forget the previous sketch
+            events.append(f"rollback:avg{state['averaged']}@{state['step']}")
+            ddp.barrier()  # every rank has read the files before rank 0 may replace them
+        else:
+            self._reset_trajectory()
+            events.append("rollback:none")
+        self.rescue_lr *= p.rescue_lr
+        self.pending_skips += p.skip_batches
+        for name, median in blown.items():
+            self.layer_bounds[name] = p.rescue_layer_clip * median
+        self.rescues += 1
+        self.skip_streak = self.quiet_steps = 0
+        events += [f"skip_batches:{p.skip_batches}", f"lr_rescue_x{self.rescue_lr:.3g}"]
+        if blown:
+            events.append(f"layer_caps:{len(blown)}")
+        return events
+
+    # ----------------------------------------------------------------- close
+    def _open_writer(self):
+        from collapse_guard.datasets.runfile import RunMeta  # pandas, pyarrow: lazily
+        from collapse_guard.probe.recorder import open_writer
+
+        config = {"policy": self.policy.to_dict(), "optimizer": type(self.optimizer).__name__}
+        meta = RunMeta(run_id=self.run_id, source="guarded", config=config)
+        return open_writer(self.folder / f"run-{self.run_id}.parquet", meta)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of what the guard did (also the run file's ``extra["guard"]``)."""
+        return {
+            "steps": self.step_index,
+            "skipped": self.skipped,
+            "rescues": self.rescues,
+            "checkpoints": self.checkpoints,
+            "first_warning": self.first_warning,
+            "rescue_lr": self.rescue_lr,
+            "risk_source": self.risk_source,
+        }
+
+    @property
+    def run_path(self) -> Path | None:
+        return self._writer.path if self._writer is not None else None
+
+    def close(self) -> None:
+        """Flush the run file (events in its metadata too) and stop the risk source."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.risk is not None:
+            self.risk.close()
+        if self._writer is not None:
+            events = [f"{s}:{e}" for s, e in self.events[-1000:]]
+            self._writer.close(extra={"guard": {**self.summary(), "events": events}})
+        self.probe.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

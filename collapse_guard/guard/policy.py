@@ -1,0 +1,110 @@
+"""The guard's settings: one flat dataclass, every number with its unit and its evidence.
+
+Levels come from the risk model's own thresholds (``RiskModel.thresholds``: false-alarm
+budgets on healthy validation runs); this file says what the guard does at each level,
+how it decides that an update is an outlier, and when it rescues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from collapse_guard._config import reject_unknown_keys
+
+__all__ = ["LEVELS", "GuardPolicy"]
+
+LEVELS: tuple[str, ...] = ("ok", "watch", "warn", "critical")
+
+
+@dataclass
+class GuardPolicy:
+    """What :class:`collapse_guard.guard.Guard` does, and when; unknown keys are an error."""
+
+    # --- risk ---
+    risk_every: int = 10  # steps between risk requests: the embedded model costs ~4 ms a
+    # window (200 steps, 23 signals; measured on the loaded 2-core machine), 0.4 ms a step
+    # at 10; collapses that develop take 50-300 steps (real-run recipes), so 10 loses nothing
+
+    # --- reactive path (every step, before the update) ---
+    outlier_history: int = 128  # steps of finite loss / grad norm the z-scores read
+    # (OLMo-core's skip-step rule: z > 6 over 128 steps; the issue's comparison rule)
+    outlier_z: float = 6.0  # skip an update whose loss or grad-norm z-score exceeds this
+    outlier_min_history: int = 20  # no outlier rule before this many finite steps: the
+    # first steps fall fast (label.py's settle_steps is 30 for the same reason)
+    critical_outlier_z: float = 3.0  # at `critical`, skip batches over this z (a step
+    # of 3 sigma is 1 in 740 on healthy Gaussian noise: a few skips per healthy 1k steps)
+
+    # --- clipping (global L2 norm of the gradients, after unscaling) ---
+    clip: float = 1.0  # the seed's safe range is 0.5-1.0 (nanoGPT's grad_clip = 1.0); 0 = off
+    warn_clip: float = 0.5  # the seed range's tighter end
+    critical_clip: float = 0.25  # half again: a critical run is past the seed's range
+    layer_outlier_ratio: float = 5.0  # at warn and above, a tensor whose gradient norm is
+    # this many times its median over the forensic history is clipped to that bound
+
+    # --- LR multiplier (applied at step time, over whatever LR the loop set) ---
+    warn_lr: float = 0.5  # the real runs collapse 1.5-4x past the stable edge (sampler.py
+    # STABLE_EDGE); halving brings a 2x excursion back to the edge
+    critical_lr: float = 0.25  # brings a 4x excursion back to the edge
+    lr_restore_steps: int = 100  # steps for the multiplier to double back up as risk
+    # falls (geometric): a level left is not trusted at once; ~2 risk readings per halving
+    rescue_lr: float = 0.5  # each rescue multiplies a lasting LR factor by this: the LR
+    # that collapsed the run once would do it again after the rollback
+
+    # --- checkpoints ---
+    checkpoint_every: int = 100  # healthy steps between ring checkpoints (0 = only at
+    # watch); a 136k-parameter model saves in ~5 ms, <0.1% of 100 steps
+    watch_checkpoint_gap: int = 20  # at `watch`, checkpoint if none in this many steps
+    keep_checkpoints: int = 3  # the healthy ring; a rollback averages these (DESIGN.md)
+    watch_attention_every: int = 5  # ProbeConfig.attention_every while at watch or above
+    # (default 10): entropy collapse can fall 1.3 -> 0.01 nats in 40 steps
+
+    # --- rescue ---
+    collapse_confirm_steps: int = 30  # steps the smoothed loss must stay over the label's
+    # margin before the guard calls it a collapse online. The label waits for its recovery
+    # window (3,000 steps); a live run cannot. 30 steps = 3 EWMA time constants of the
+    # label's smoothing: a single spike of 1-1.3 nats moves the EWMA by 0.12 and is gone
+    max_skip_streak: int = 3  # consecutive skipped updates that trigger a rescue
+    skip_batches: int = 20  # batches skipped after a rollback (the data that led there)
+    max_rescues: int = 5  # rescues per run; one more stops training with GuardGaveUp
+    rescue_layer_clip: float = 3.0  # after a rescue, each tensor whose gradient blew up
+    # (over layer_outlier_ratio x its median) is clipped at this many times its median
+    healthy_quiet_steps: int = 10  # a checkpoint is healthy only after this many steps
+    # without a skip, an open loss excursion or a critical level
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"GuardPolicy.{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"GuardPolicy.{f.name} must be finite and >= 0, got {value!r}")
+        for name in ("warn_lr", "critical_lr", "rescue_lr"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(
+                    f"GuardPolicy.{name} is an LR multiplier in (0, 1], got {getattr(self, name)!r}"
+                )
+        if self.keep_checkpoints < 1 or self.risk_every < 1:
+            raise ValueError(
+                "GuardPolicy.keep_checkpoints and risk_every must be >= 1, got "
+                f"{self.keep_checkpoints} and {self.risk_every}"
+            )
+
+    def level_lr(self, level: str) -> float:
+        """The LR multiplier a level asks for (1 below warn)."""
+        return {"warn": self.warn_lr, "critical": self.critical_lr}.get(level, 1.0)
+
+    def level_clip(self, level: str) -> float:
+        """The global clipping bound at a level (0 = no clipping)."""
+        bound = {"warn": self.warn_clip, "critical": self.critical_clip}.get(level, self.clip)
+        return min(bound, self.clip) if self.clip > 0 else bound
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> GuardPolicy:
+        reject_unknown_keys(cls, values)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,42 @@
+"""Fixtures of the guard's tests: the bundled risk model once, and a risk of a chosen level."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # guard_helpers
+
+
+class FixedRisk:
+    """A RiskModel stand-in answering one level (the real schema, so the context works)."""
+
+    def __init__(self, schema, level: str = "ok", probability: float = 0.5) -> None:
+        self.schema, self.fixed, self.p = schema, level, probability
+        self.calls = 0
+
+    def predict_window(self, frame, context=None) -> float:
+        assert math.isfinite(frame["loss"].iloc[-1]) or True
+        self.calls += 1
+        return self.p
+
+    def level(self, p: float) -> str:
+        return self.fixed
+
+
+@pytest.fixture(scope="session")
+def risk_model():
+    from collapse_guard.predictor import RiskModel
+
+    return RiskModel.load()
+
+
+@pytest.fixture
+def fixed_risk(risk_model):
+    def make(level: str = "ok", probability: float = 0.5) -> FixedRisk:
+        return FixedRisk(risk_model.schema, level, probability)
+
+    return make

@@ -1,0 +1,101 @@
+"""The rules of decision.decide on hand-written facts: no model, no optimizer."""
+
+import math
+
+import pytest
+
+from collapse_guard.guard import GuardDecision, GuardPolicy, StepFacts, decide
+from collapse_guard.guard.decision import next_lr_multiplier
+
+POLICY = GuardPolicy()
+
+
+def facts(**kw) -> StepFacts:
+    base = {"step": 50, "loss": 2.0, "grad_norm": 0.5, "quiet_steps": 100, "since_checkpoint": 5}
+    return StepFacts(**{**base, **kw})
+
+
+def test_a_healthy_step_is_applied_with_the_base_clip():
+    d = decide(facts(), POLICY)
+    assert d.apply_update and not d.rescue and not d.checkpoint
+    assert d.clip_to == POLICY.clip and d.lr_multiplier == 1.0 and d.events == ()
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [
+        ({"grad_finite": False, "grad_norm": math.inf}, "nonfinite_grad"),
+        ({"loss_z": 6.5}, "loss_z=6.5"),
+        ({"grad_z": 9.0}, "grad_z=9.0"),
+        ({"grad_z": 3.5, "level": "critical"}, "grad_z=3.5"),  # critical: z over 3 skips
+    ],
+)
+def test_outliers_and_nonfinite_gradients_skip_the_update(kw, reason):
+    d = decide(facts(**kw), POLICY)
+    assert d.skipped and not d.rescue and d.reason == reason
+    assert f"skip:{reason}" in d.events
+
+
+def test_a_z_of_3_5_is_not_an_outlier_below_critical_nor_an_amp_overflow():
+    assert decide(facts(grad_z=3.5, level="warn"), POLICY).apply_update
+    overflow = facts(grad_finite=False, grad_norm=math.inf, amp_overflow=True)
+    assert decide(overflow, POLICY).apply_update  # the GradScaler skips it itself
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [
+        ({"loss": math.nan}, "nonfinite_loss"),
+        ({"collapse_online": True}, "online_collapse"),
+        ({"skip_streak": 2, "loss_z": 10.0}, "skip_streak=3"),  # the third skip in a row
+    ],
+)
+def test_rescues(kw, reason):
+    d = decide(facts(**kw), POLICY)
+    assert d.rescue and d.skipped and d.reason == reason and not d.give_up
+
+
+def test_a_rescue_past_the_cap_gives_up():
+    d = decide(facts(loss=math.nan, rescues=POLICY.max_rescues), POLICY)
+    assert d.give_up and not d.rescue and d.events == ("give_up:nonfinite_loss",)
+
+
+def test_levels_set_lr_and_clip_and_the_lr_comes_back_by_doubling():
+    warn = decide(facts(level="warn"), POLICY)
+    assert (warn.lr_multiplier, warn.clip_to) == (0.5, 0.5)
+    critical = decide(facts(level="critical"), POLICY)
+    assert (critical.lr_multiplier, critical.clip_to) == (0.25, 0.25)
+    # back at ok: 0.25 doubles in lr_restore_steps (100) steps, geometrically
+    m = 0.25
+    for _ in range(100):
+        m = next_lr_multiplier(m, "ok", POLICY)
+    assert m == pytest.approx(0.5)
+    for _ in range(100):
+        m = next_lr_multiplier(m, "ok", POLICY)
+    assert m == 1.0
+
+
+def test_outlier_layers_are_clipped_only_at_warn_and_above():
+    kw = {"layer_outliers": ("h.0.attn.weight",)}
+    assert decide(facts(**kw), POLICY).clip_layers == ()
+    assert decide(facts(level="warn", **kw), POLICY).clip_layers == ("h.0.attn.weight",)
+
+
+def test_checkpoints_when_due_or_at_watch_and_only_when_healthy():
+    assert decide(facts(since_checkpoint=100), POLICY).checkpoint
+    assert not decide(facts(since_checkpoint=99), POLICY).checkpoint
+    assert decide(facts(since_checkpoint=20, level="watch"), POLICY).checkpoint
+    assert not decide(facts(since_checkpoint=500, quiet_steps=9), POLICY).checkpoint
+    assert not decide(facts(since_checkpoint=500, level="critical"), POLICY).checkpoint
+
+
+def test_a_decision_round_trips_through_a_dict():
+    d = decide(facts(level="warn", layer_outliers=("a",)), POLICY)
+    assert GuardDecision.from_dict(d.to_dict()) == d
+
+
+def test_policy_rejects_unknown_keys_and_bad_multipliers():
+    with pytest.raises(ValueError, match="warn_lr"):
+        GuardPolicy(warn_lr=1.5)
+    with pytest.raises(ValueError):
+        GuardPolicy.from_dict({"warn_lr": 0.5, "typo": 1})
