@@ -1,0 +1,189 @@
+"""Each action of the guard on a real tiny model: skips, LR multiplier, clipping, rescue."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from guard_helpers import Loop, tiny_model
+
+from collapse_guard.datasets.runfile import read_run
+from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy, warmup_cosine
+
+pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+
+
+def params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_nonfinite_gradient_skips_the_update_and_is_recorded(tmp_path):
+    model, opt = tiny_model()
+    loop, guard = Loop(), Guard(model, opt, tmp_path, risk="off")
+    for _ in range(5):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    before = params(model)
+    loss = loop.loss(model)
+    next(model.parameters()).grad[0, 0] = math.nan
+    decision = guard.step(loss)
+    assert decision.skipped and decision.reason == "nonfinite_grad"
+    assert same(before, params(model))  # nothing moved, the optimizer state neither
+    guard.close()
+    frame, meta = read_run(guard.run_path)
+    assert meta.source == "guarded" and len(frame) == 6
+    assert frame["event"].iloc[-1] == "skip:nonfinite_grad"
+    assert meta.extra["guard"]["skipped"] == 1
+
+
+def test_a_gradient_spike_is_an_outlier_and_is_skipped(tmp_path):
+    model, opt = tiny_model()
+    loop, guard = Loop(), Guard(model, opt, tmp_path, risk="off")
+    for _ in range(40):
+        assert guard.step(loop.loss(model)).apply_update
+        opt.zero_grad()
+    before = params(model)
+    loss = loop.loss(model)
+    for p in model.parameters():
+        p.grad.mul_(1e3)  # a bad reduction: the norm is ~1000x its history (z >> 6)
+    decision = guard.step(loss)
+    assert decision.skipped and decision.reason.startswith("grad_z=")
+    assert same(before, params(model))
+    guard.close()
+
+
+def _sgd_step_scale(tmp_path, set_lr_every_step: bool, level: str, fixed_risk) -> list[float]:
+    """Ratio of each step's parameter change to lr x grad (SGD: exactly the multiplier)."""
+    torch.manual_seed(0)
+    model, _ = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = None if set_lr_every_step else warmup_cosine(opt, 5, 200)
+    policy = GuardPolicy(
+        risk_every=1, clip=0.0, warn_clip=0.0, critical_clip=0.0, critical_outlier_z=100.0
+    )
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk(level), config=policy)
+    loop, ratios = Loop(), []
+    for step in range(30):
+        if set_lr_every_step:  # nanoGPT: the loop writes the LR itself every step
+            for group in opt.param_groups:
+                group["lr"] = 0.1
+        loss = loop.loss(model)
+        w = model.head.weight
+        before, grad, lr = w.detach().clone(), w.grad.detach().clone(), opt.param_groups[0]["lr"]
+        decision = guard.step(loss)
+        assert decision.apply_update
+        ratios.append(((before - w.detach()) / (lr * grad)).nanmedian().item())
+        assert opt.param_groups[0]["lr"] == lr  # the loop's own LR is put back
+        opt.zero_grad()
+        if scheduler:
+            scheduler.step()
+    guard.close()
+    return ratios
+
+
+@pytest.mark.parametrize("set_lr_every_step", [True, False], ids=["nanogpt-loop", "scheduler"])
+def test_the_lr_multiplier_holds_at_every_step(tmp_path, fixed_risk, set_lr_every_step):
+    ratios = _sgd_step_scale(tmp_path, set_lr_every_step, "warn", fixed_risk)
+    # the first reading is asked after step 0 and applies from step 1 on
+    assert ratios[0] == pytest.approx(1.0, rel=1e-4)
+    assert ratios[1:] == pytest.approx([0.5] * 29, rel=1e-4)
+    ratios = _sgd_step_scale(tmp_path / "c", set_lr_every_step, "critical", fixed_risk)
+    assert ratios[1:] == pytest.approx([0.25] * 29, rel=1e-4)
+
+
+def test_warn_tightens_the_global_clip(tmp_path, fixed_risk):
+    model, _ = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: only the gradients matter
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), config={"risk_every": 1})
+    loop = Loop()
+    guard.step(loop.loss(model))  # reading asked here, applies next step
+    opt.zero_grad()
+    loss = loop.loss(model)
+    for p in model.parameters():
+        p.grad.mul_(4.0 / guard.history.norms[0].norm())  # a norm of ~4, over the 0.5 bound
+    guard.step(loss)
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert norm.item() == pytest.approx(0.5, rel=1e-4)
+    guard.close()
+
+
+def test_a_persistent_nonfinite_loss_is_rescued_then_the_guard_gives_up(tmp_path):
+    model, opt = tiny_model()
+    loop = Loop()
+    guard = Guard(model, opt, tmp_path, risk="off", config={"max_rescues": 2})
+    for _ in range(12):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    for _ in range(2):
+        loop.loss(model)
+        assert guard.step(torch.tensor(math.nan)).rescue
+        opt.zero_grad()
+    assert guard.rescue_lr == 0.25 and guard.pending_skips == 40
+    loop.loss(model)
+    with pytest.raises(GuardGaveUp, match="after 2 rescues"):
+        guard.step(torch.tensor(math.nan))
+    assert guard.run_path.exists()  # closed on the way out: the evidence is on disk
+
+
+def test_batches_skips_what_a_rescue_asked(tmp_path):
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off", config={"skip_batches": 7})
+    guard.pending_skips = 7
+    assert list(guard.batches(range(10))) == [7, 8, 9]
+    assert not guard.should_skip_batch()
+    guard.close()
+
+
+def test_an_injected_nan_weight_is_rescued_and_the_run_finishes_healthy(tmp_path):
+    model, opt = tiny_model(seed=1)
+    loop = Loop(seed=1)
+    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 20})
+    losses = []
+    for step in range(150):
+        if step == 90:
+            with torch.no_grad():
+                model.head.weight[0, 0] = math.nan  # a corrupted weight: every loss is NaN
+        loss = loop.loss(model)
+        decision = guard.step(loss)
+        opt.zero_grad()
+        losses.append(loss.item())
+        if step == 90:
+            assert decision.rescue and decision.reason == "nonfinite_loss"
+            assert decision.rollback_to and len(decision.rollback_to) == 3
+    guard.close()
+    assert all(math.isfinite(x) for x in losses[91:])
+    assert sum(losses[-10:]) / 10 < sum(losses[80:90]) / 10 + 0.1  # back where it was
+    forensics = tmp_path / "forensics" / "step-000000090"
+    assert (forensics / "grad_history.npz").exists() and (forensics / "grad_history.png").exists()
+    import numpy as np
+
+    saved = np.load(forensics / "grad_history.npz")
+    assert saved["norms"].shape == (91, len(guard.param_names))
+    assert saved["counts"].shape[0] == len(guard.param_names)
+
+
+def test_a_large_lr_collapse_is_rescued(tmp_path):
+    """The LR jumps to 100x (0.3) at step 60: the guard rolls back and lowers the LR."""
+    model, opt = tiny_model(seed=2)
+    loop = Loop(seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 20})
+    losses = []
+    for step in range(260):
+        for group in opt.param_groups:
+            group["lr"] = 3e-3 if step < 60 else 0.3
+        loss = loop.loss(model)
+        guard.step(loss)
+        opt.zero_grad()
+        losses.append(loss.item())
+    guard.close()
+    healthy = sum(losses[50:60]) / 10
+    assert guard.rescues >= 1
+    assert sum(losses[-20:]) / 20 < healthy + 0.25, (healthy, losses[-20:])
