@@ -419,11 +419,11 @@ class Guard:
         self._log(s, events)
         if self._writer is not None:
             self._writer.append(s, record, event=";".join(events))
+        self.step_index += 1  # a checkpoint holds the state *after* step s: resume at s + 1
         if decision.checkpoint and not decision.rescue:
             self._checkpoint()
         if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and self.window:
             self.risk.submit(s, self._window_frame(), self.context.get())
-        self.step_index += 1
 
     def _clip(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
         bounds = dict(self.layer_bounds)

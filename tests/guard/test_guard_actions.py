@@ -69,7 +69,7 @@ def _sgd_step_scale(tmp_path, set_lr_every_step: bool, level: str, fixed_risk) -
     )
     guard = Guard(model, opt, tmp_path, risk=fixed_risk(level), config=policy)
     loop, ratios = Loop(), []
-    for step in range(30):
+    for _ in range(30):
         if set_lr_every_step:  # nanoGPT: the loop writes the LR itself every step
             for group in opt.param_groups:
                 group["lr"] = 0.1

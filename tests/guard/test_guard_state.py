@@ -1,0 +1,102 @@
+"""Checkpoints (atomic, weights_only, averaged), resume, and the service fallback."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+
+import pytest
+import torch
+from guard_helpers import Loop, tiny_model
+
+from collapse_guard.guard import Guard
+from collapse_guard.guard.checkpoints import CheckpointRing, load_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+
+
+def _train(guard, model, opt, loop, steps):
+    for _ in range(steps):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+
+
+def test_rollback_averages_the_last_three_checkpoints_exactly(tmp_path):
+    ring = CheckpointRing(tmp_path, keep=3)
+    states = []
+    for step, value in enumerate((1.0, 2.0, 4.0, 8.0)):
+        model = {"w": torch.full((2, 3), value), "count": torch.tensor(step)}
+        optimizer = {"state": {}, "param_groups": [{"lr": value}]}
+        ring.save(step, {"model": model, "optimizer": optimizer, "guard": {}})
+        states.append(model)
+    assert [p.name for p in ring.paths()] == [f"guard-00000000{i}.pt" for i in (1, 2, 3)]
+    state = ring.rollback_state()
+    # the oldest (1.0) left the ring: (2 + 4 + 8) / 3
+    assert torch.equal(state["model"]["w"], torch.full((2, 3), 14.0 / 3))
+    assert state["model"]["count"].item() == 3  # integer buffers from the newest
+    assert state["optimizer"]["param_groups"][0]["lr"] == 8.0  # optimizer state: the newest
+    assert state["averaged"] == 3 and state["step"] == 3
+
+
+def test_checkpoints_load_with_weights_only_and_refuse_pickled_code(tmp_path):
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off")
+    _train(guard, model, opt, Loop(), 12)  # the first healthy step (10) writes one
+    guard.close()
+    path = guard.ring.newest()
+    raw = torch.load(path, weights_only=True)  # plain tensors and values only
+    assert raw["step"] == 11 and raw["guard"]["run"]["step_index"] == 11  # after step 10
+    assert not list(tmp_path.glob("*.tmp"))  # written by temp + rename
+    evil = tmp_path / "guard-000000099.pt"
+    torch.save({"format": 1, "x": Loop()}, evil)
+    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+        load_checkpoint(evil)
+
+
+def test_resume_keeps_the_guards_history(tmp_path):
+    model, opt = tiny_model()
+    loop = Loop()
+    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 25})
+    _train(guard, model, opt, loop, 40)
+    guard.force_next("checkpoint")
+    _train(guard, model, opt, loop, 1)  # step 40 writes one
+    saved_state, saved_params = guard.state_dict(), [p.detach().clone() for p in model.parameters()]
+    guard.close()
+
+    model2, opt2 = tiny_model(seed=5)  # other weights: the resume must replace them
+    guard2 = Guard(model2, opt2, tmp_path, risk="off", config={"checkpoint_every": 25})
+    assert guard2.resume() == 41
+    assert all(torch.equal(a, b) for a, b in zip(saved_params, model2.parameters(), strict=True))
+    assert guard2.state_dict()["run"]["events"] == saved_state["run"]["events"]
+    assert list(guard2.loss_history.values) == saved_state["trajectory"]["loss_history"]["values"]
+    assert len(guard2.window) == 41
+    assert opt2.state_dict()["state"][0]["step"] == 41  # AdamW's count came back too
+    _train(guard2, model2, opt2, loop, 3)  # and it trains on from step 41
+    assert guard2.step_index == 44
+    guard2.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: nothing listens there
+
+
+def test_a_service_that_is_down_falls_back_to_the_embedded_model(tmp_path, risk_model):
+    from collapse_guard.service.client import RiskClient
+
+    client = RiskClient(f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk=client, config={"risk_every": 5})
+    guard.risk.fallback.model = risk_model  # the session's copy: no second 4 s load
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop = Loop()
+        for _ in range(60):
+            guard.step(loop.loss(model))
+            opt.zero_grad()
+    guard.close()
+    failed = [w for w in caught if "risk service failed" in str(w.message)]
+    assert len(failed) == 1  # warned once, though every request failed
+    assert guard.step_index == 60  # training went on
+    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
