@@ -49,7 +49,7 @@ def test_checkpoints_load_with_weights_only_and_refuse_pickled_code(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # written by temp + rename
     evil = tmp_path / "guard-000000099.pt"
     torch.save({"format": 1, "x": Loop()}, evil)
-    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+    with pytest.raises(Exception, match=r"weights_only|Unsupported global"):
         load_checkpoint(evil)
 
 
