@@ -73,6 +73,10 @@ WORKERS_ENV = "COLLAPSE_GUARD_WORKERS"
 app = FastAPI(title="collapse-guard risk service", docs_url=None, redoc_url=None, openapi_url=None)
 
 
+# /risk and /explain read the same body (JSON or Arrow) and fail the same ways
+_RUNS_BODY = {"responses": ERROR_RESPONSES, "openapi_extra": body_of(RiskRequest)}
+
+
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
@@ -122,9 +126,8 @@ class RiskService:
     @app.post(
         "/risk",
         response_model=RiskResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=body_of(RiskRequest),
         summary="Risk of collapse for a batch of runs (JSON or Arrow IPC stream)",
+        **_RUNS_BODY,
     )
     async def risk(self, request: Request) -> Response:
         async def work() -> RiskResponse:
@@ -139,9 +142,8 @@ class RiskService:
     @app.post(
         "/explain",
         response_model=ExplainResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=body_of(RiskRequest),
         summary="Every feature's contribution for one window (a /risk body with one run)",
+        **_RUNS_BODY,
     )
     async def explain(self, request: Request) -> Response:
         async def work() -> ExplainResponse:

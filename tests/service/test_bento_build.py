@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import collapse_guard
@@ -14,6 +15,7 @@ import collapse_guard
 ROOT = Path(collapse_guard.__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a subprocess build, ~6 s on a busy machine
 def test_bentoml_build_succeeds_offline(tmp_path):
     env = dict(os.environ)
     env.update(

@@ -86,6 +86,7 @@ def _hammer(url, frames, stop, answers, errors):
             k += 1
 
 
+@pytest.mark.slow  # ~10 s of load by design
 def test_load_with_a_reload_in_the_middle(served, client, default_model, variant_dir):
     """8 clients for ~9 s; the variant model is loaded after ~3 s. No request fails, and
     each answer's probability is exactly what the model it names gives that window."""
