@@ -1,159 +1,253 @@
-"""``collapse-guard demo``: a small transformer trained with the probe, scored live by the
-bundled default model.
+"""``collapse-guard demo``: the same seeded small transformer trained twice, unguarded and
+guarded, into a collapse that develops over a hundred steps and more.
 
-Trains ``collapse_guard.datasets.real.model.GPT`` (2 layers, d_model 64, no qk-layernorm)
-with the real-run generator's own loop (``datasets.real.runner.train``, on the Python
-standard library's sources: no download). By default the LR is re-warmed mid-run to a
-height that collapses the attention (Wortsman et al. 2023), so the table shows a collapse
-happen: every ``--every`` steps a row of key signals, the default model's probability of
-collapse within 200 steps for the window ending there, and its level. At the end the
-run is labelled by the project's label and the first step of each level is printed.
-It lives at the top level because it uses the probe, ``datasets`` and ``predictor``;
-torch is imported when the command runs, so that ``collapse-guard --help`` stays fast.
+The scenario is the real-run sampler's ``slow_ramp`` recipe (``datasets/real/sampler.py``):
+a GPT (2 layers, d_model 64, no qk-layernorm) learns at a safe LR, then the LR is re-warmed
+slowly, over ``--rewarm-steps`` steps, to several times AdamW's measured stable edge
+(``STABLE_EDGE``: 0.04), as a continued pre-training that re-warms too far does. The
+unguarded run's loss rises and stays up (the project's label calls it a collapse); the
+guarded run sees the risk rise, lowers its LR and tightens clipping, and rolls back and
+lowers the LR again if the loss still rises, and finishes healthy. Both runs are scored by
+the bundled default model every 10 steps (the guard's own cadence), so the table can give
+the unguarded run's first warning and its lead over the collapse.
+
+Printed: a table (final loss, collapse step, first warning and its lead, actions, wall
+time); written: a plot of loss and risk for both runs with the guard's actions marked,
+and the guarded run's run file, checkpoints and forensics under ``--out``. torch is
+imported when the command runs, so that ``collapse-guard --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-__all__ = ["demo"]
+__all__ = ["DemoRun", "demo", "run_scenario", "scenario"]
 
-_COLUMNS = (
-    ("loss", "loss"),
-    ("grad_norm", "grad norm"),
-    ("update_ratio", "upd ratio"),
-    ("attn_entropy_min", "attn H min"),
-    ("attn_logit_max", "attn logit"),
-    ("output_logit_max", "logit max"),
-    ("lr", "lr"),
-)
-_REWARM_RAMP = 50  # steps from the scheduled LR to the re-warm LR
+RISK_EVERY = 10  # steps between risk readings of the unguarded run: the guard's default
+FINAL_STEPS = 20  # the final loss is the mean of the last 20 steps' losses
 
 
-def _cell(value: float) -> str:
-    if math.isnan(value):
-        return "-"
-    value += 0.0  # -0.0 (an entropy rounded to nothing) prints as 0
-    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.2e}"
+@dataclass
+class DemoRun:
+    """What one run of the demo produced."""
+
+    name: str
+    losses: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    risk: dict[int, float] = field(default_factory=dict)  # step -> P(collapse)
+    events: list[tuple[int, str]] = field(default_factory=list)
+    first_warning: int | None = None
+    onset: int | None = None  # the label's collapse step
+    kind: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def final_loss(self) -> float:
+        tail = [x for x in self.losses[-FINAL_STEPS:] if math.isfinite(x)]
+        return sum(tail) / len(tail) if tail else math.nan
+
+    def actions(self) -> Counter:
+        """How many times the guard did each thing (a rescue's parts counted once)."""
+        kinds = ("rescue", "skip", "checkpoint", "clip_layers")
+        return Counter(k for _, e in self.events if (k := e.split(":")[0]) in kinds)
 
 
-class _ScoredProbe:
-    """The probe, plus a table row with the model's risk every ``every`` steps.
+def scenario(steps: int, lr: float, rewarm_at: int, rewarm_steps: int, rewarm_lr: float, **kw):
+    """The demo's ``RealRunConfig``: warmup to ``lr``, held, re-warmed slowly to ``rewarm_lr``."""
+    from collapse_guard.datasets.real.config import RealRunConfig
 
-    ``runner.train`` calls it where it calls a probe; the probe measures, this only
-    keeps the records and reads them to the model (the probe observes, the model
-    scores).
-    """
+    return RealRunConfig(
+        recipe="slow_ramp",
+        steps=steps,
+        lr=lr,
+        warmup_steps=max(1, min(40, steps // 10)),
+        min_lr_ratio=1.0,  # hold the peak: the LR change the run sees is the re-warm
+        rewarm_step=rewarm_at if 0 < rewarm_at < steps else 0,
+        rewarm_steps=max(1, rewarm_steps),
+        rewarm_lr=rewarm_lr,
+        **kw,
+    )
 
-    def __init__(self, probe, model, table, every: int, steps: int):
-        self.probe, self.model, self.table = probe, model, table
-        self.every, self.steps = every, steps
-        self.records: list[dict[str, float]] = []
-        self.risk: dict[int, float] = {}
-        from collapse_guard.features import RunContext  # the run so far, for the windows
 
-        self.context = RunContext.from_schema(model.schema)
+def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoRun:
+    """Train ``config`` once, nanoGPT's way (the loop sets the LR every step)."""
+    import torch
 
-    def after_backward(self, loss) -> None:
-        self.probe.after_backward(loss)
+    from collapse_guard.datasets.label import label_run
+    from collapse_guard.datasets.real.data import BatchSource
+    from collapse_guard.datasets.real.runner import build
+    from collapse_guard.features import RunContext
+    from collapse_guard.guard import Guard, GuardPolicy
+    from collapse_guard.probe import Probe
 
-    def after_step(self) -> dict[str, float]:
-        record = self.probe.after_step()
-        self.records.append(record)
-        step = len(self.records) - 1
-        self.context.update(step, record)
-        if step % self.every == 0 or step == self.steps - 1:
-            first = max(0, step + 1 - self.model.schema.window)
-            window = _frame(self.records, first)
-            p = self.risk[step] = self.model.predict_window(window, context=self.context.get())
-            row = [_cell(record[key]) for key, _ in _COLUMNS]
-            self.table.add_row(str(step), *row, f"{p:.2f}", self.model.level(p))
-        return record
+    run = DemoRun("guarded" if guarded else "unguarded")
+    net, optimizer = build(config)
+    batches = BatchSource(config, torch.Generator().manual_seed(config.seed))
+    began = time.perf_counter()
+    if guarded:
+        policy = GuardPolicy(clip=config.grad_clip, risk_every=RISK_EVERY)
+        guard = Guard(net, optimizer, out, risk=model, config=policy, preflight=False)
+    else:
+        probe = Probe(net, optimizer)
+        context, rows = RunContext.from_schema(model.schema), []
+    for step in range(config.steps):
+        while guarded and guard.should_skip_batch():  # the data that led to a rescue
+            batches.next()
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr_at(step)
+        _, loss = net(*batches.next())
+        loss.backward()
+        if guarded:
+            guard.step(loss)
+            run.lrs.append(optimizer.param_groups[0]["lr"] * guard.lr_multiplier * guard.rescue_lr)
+        else:
+            probe.after_backward(loss)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), config.grad_clip)
+            optimizer.step()
+            record = probe.after_step()
+            rows.append(record)
+            context.update(step, record)
+            if (step + 1) % RISK_EVERY == 0:
+                tail = rows[-model.schema.window :]
+                window = _frame(tail, step + 1 - len(tail))
+                run.risk[step] = model.predict_window(window, context=context.get())
+            run.lrs.append(record["lr"])
+        optimizer.zero_grad(set_to_none=True)
+        run.losses.append(loss.item())
+    if guarded:
+        guard.close()
+        run.events, run.first_warning = list(guard.events), guard.first_warning
+        run.risk = dict(guard.risk_readings)
+    else:
+        probe.close()
+        warn = model.thresholds["warn"]
+        run.first_warning = next((s for s, p in sorted(run.risk.items()) if p >= warn), None)
+    run.seconds = time.perf_counter() - began
+    label = label_run(_frame([{"loss": x} for x in run.losses], 0))
+    run.onset, run.kind = label.onset_step, label.kind
+    return run
+
+
+def _frame(records: list[dict[str, float]], first: int):
+    import pandas as pd
+
+    return pd.DataFrame(records).assign(step=range(first, first + len(records)))
+
+
+def _table(runs: list[DemoRun], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for header in (
+        "run",
+        "final loss",
+        "collapse step",
+        "first warning (lead)",
+        "actions",
+        "wall s",
+    ):
+        table.add_column(header, justify="right" if header != "actions" else "left")
+    for run in runs:
+        lead = ""
+        if run.first_warning is not None and run.onset is not None:
+            lead = f" ({run.onset - run.first_warning:+d})"
+        warning = "-" if run.first_warning is None else f"{run.first_warning}{lead}"
+        actions = ", ".join(f"{n} {k}" for k, n in sorted(run.actions().items())) or "-"
+        collapse = "-" if run.onset is None else f"{run.onset} ({run.kind})"
+        table.add_row(
+            run.name, f"{run.final_loss:.3f}", collapse, warning, actions, f"{run.seconds:.1f}"
+        )
+    return table
+
+
+def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
+    """Loss and risk over steps for both runs; the guard's rescues and checkpoints marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    colors = {"unguarded": "tab:red", "guarded": "tab:blue"}
+    for run in runs:
+        color = colors[run.name]
+        top.plot(run.losses, color=color, lw=0.8, label=run.name)
+        mid.semilogy(run.lrs, color=color, lw=0.8)
+        steps = sorted(run.risk)
+        low.plot(steps, [run.risk[s] for s in steps], color=color, lw=1, label=run.name)
+        if run.onset is not None:
+            for ax in (top, low):
+                ax.axvline(run.onset, color=color, ls=":", lw=1)
+        for step, event in run.events:
+            kind = event.split(":")[0]
+            if kind == "rescue":
+                top.axvline(step, color="black", lw=1.2)
+            elif kind == "checkpoint":
+                top.plot(step, 0.02, marker="|", color="grey", transform=top.get_xaxis_transform())
+            elif kind == "skip":
+                top.plot(
+                    step, 0.05, marker="x", color="orange", transform=top.get_xaxis_transform()
+                )
+    for name, p in thresholds.items():
+        low.axhline(p, color="grey", lw=0.6, ls="--")
+        low.text(0, p, f" {name}", va="bottom", fontsize=7, color="grey")
+    top.set(ylabel="training loss", title="collapse-guard demo: rescues (black), checkpoints "
+            "(grey ticks), skips (x); dotted: the label's collapse step")  # fmt: skip
+    top.legend(loc="upper left")
+    mid.set(ylabel="LR in force")
+    low.set(xlabel="step", ylabel="P(collapse in 200 steps)", ylim=(0, 1))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def demo(
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps to train.")] = 500,
-    every: Annotated[
-        int, typer.Option(min=1, help="Print a row (and probe attention) every N steps.")
-    ] = 25,
-    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate.")] = 6e-3,
-    rewarm_at: Annotated[
-        int, typer.Option(min=0, help="Step where the LR is re-warmed; 0 = never.")
-    ] = 250,
-    rewarm_lr: Annotated[float, typer.Option(help="LR the re-warm ramps to.")] = 0.2,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps of each run.")] = 700,
+    lr: Annotated[float, typer.Option(help="Peak AdamW LR before the re-warm.")] = 6e-3,
+    rewarm_at: Annotated[int, typer.Option(min=0, help="Step where the re-warm starts.")] = 200,
+    rewarm_steps: Annotated[int, typer.Option(min=1, help="Steps of the slow re-warm.")] = 300,
+    rewarm_lr: Annotated[float, typer.Option(help="LR the re-warm ramps to.")] = 0.16,
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per batch.")] = 8,
     seed: Annotated[int, typer.Option(help="Seeds the model and the batches.")] = 0,
+    out: Annotated[
+        Path, typer.Option(help="Folder of the plot, the guarded run file and checkpoints.")
+    ] = Path("guard-demo"),
 ) -> None:
-    """Train a small transformer with the probe; the bundled model scores it as it goes."""
+    """Train a small transformer twice, unguarded and guarded, into a slow LR re-warm."""
+    import shutil
+
     import torch
     from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
 
-    from collapse_guard.datasets.label import label_run
-    from collapse_guard.datasets.real.config import RealRunConfig
-    from collapse_guard.datasets.real.runner import build, train
     from collapse_guard.predictor import RiskModel
-    from collapse_guard.probe import Probe, ProbeConfig
 
     torch.set_num_threads(1)  # this model is too small to gain from more
-    config = RealRunConfig(
-        recipe="demo",
-        seed=seed,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        warmup_steps=max(1, min(40, steps // 10)),
-        min_lr_ratio=1.0,
-        rewarm_step=rewarm_at if rewarm_at < steps else 0,
-        rewarm_steps=_REWARM_RAMP,
-        rewarm_lr=rewarm_lr,
+    console = Console() if Console().is_terminal else Console(width=150)
+    config = scenario(
+        steps, lr, rewarm_at, rewarm_steps, rewarm_lr, batch_size=batch_size, seed=seed
     )
     model = RiskModel.load()
-    net, optimizer = build(config)
-    table = Table(
-        title=f"collapse-guard: GPT 2x64, LR {lr:g}"
-        + (f", re-warmed to {rewarm_lr:g} at step {rewarm_at}" if config.rewarm_step else "")
-        + f"; risk from model {model.meta['version']}"
+    shutil.rmtree(out / "guarded", ignore_errors=True)  # a fresh ring: no old checkpoints
+    runs = []
+    for guarded in (False, True):
+        with console.status(f"training the {'guarded' if guarded else 'unguarded'} run ..."):
+            runs.append(run_scenario(config, model, guarded, out / "guarded"))
+    title = (
+        f"GPT 2x64, LR {lr:g}, re-warmed from step {config.rewarm_step or '-'} over "
+        f"{rewarm_steps} steps to {rewarm_lr:g}; risk: model {model.meta['version']}"
     )
-    table.add_column("step", justify="right")
-    for _, header in (*_COLUMNS, ("", "risk"), ("", "level")):
-        table.add_column(header, justify="right")
-    probe = Probe(net, optimizer, ProbeConfig(attention_every=every, system_every=every))
-    scored = _ScoredProbe(probe, model, table, every, steps)
-    console = Console()
-    if not console.is_terminal:  # a pipe or a log file: rich would assume 80 columns
-        console = Console(width=150)
-    start = time.perf_counter()
-    with Live(table, console=console, refresh_per_second=4):
-        steps_run = train(config, net, optimizer, scored)
-    probe.close()
-    if not console.is_terminal:  # Live's last frame ends without a newline off a terminal
-        console.line()
-    console.print(_summary(scored, label_run(_frame(scored.records)), model, steps_run, start))
-
-
-def _frame(records: list[dict[str, float]], first: int = 0):
-    """The probe's records from step ``first`` on, as a run frame (``step`` + signals)."""
-    import pandas as pd
-
-    return pd.DataFrame(records[first:]).assign(step=range(first, len(records)))
-
-
-def _summary(scored: _ScoredProbe, label, model, steps_run: int, start: float) -> str:
-    firsts = []
-    for level in ("watch", "warn", "critical"):
-        over = [s for s, p in scored.risk.items() if p >= model.thresholds[level]]
-        firsts.append(f"{level} {min(over) if over else '-'}")
-    outcome = (
-        f"collapse at step {label.onset_step} ({label.kind})" if label.collapsed else "no collapse"
-    )
-    return (
-        f"{steps_run} steps in {time.perf_counter() - start:.1f} s. Label: {outcome}. "
-        f"First printed step at each level: {', '.join(firsts)}. Risk = P(collapse within "
-        f"{model.horizon} steps); levels are set as false-alarm budgets (README)."
+    console.print(_table(runs, title))
+    path = plot(runs, model.thresholds, out / "demo.png")
+    console.print(
+        f"Plot: {path}. Guarded run file: {next((out / 'guarded').glob('run-*.parquet'))}. "
+        "Lead = collapse step - first warning (positive: the warning came first)."
     )

@@ -156,6 +156,7 @@ class Guard:
         self.rescues = self.skipped = self.checkpoints = 0
         self.events: list[tuple[int, str]] = []
         self.first_warning: int | None = None  # first step at warn or above
+        self.risk_readings: list[tuple[int, float]] = []  # (window's last step, P(collapse))
         if preflight and self.rank == 0:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
             for message in preflight_warnings(model, lrs, self.policy.clip):
@@ -292,11 +293,9 @@ class Guard:
         reading = self.risk.poll() if self.risk is not None else None
         if reading is None:
             return
-        self.level, self.probability, self.risk_source = (
-            reading.level,
-            reading.probability,
-            reading.source,
-        )
+        self.level, self.probability = reading.level, reading.probability
+        self.risk_source = reading.source
+        self.risk_readings.append((reading.step, reading.probability))
         if self.first_warning is None and reading.level in ("warn", "critical"):
             self.first_warning = self.step_index
         elevated = reading.level != "ok"
