@@ -1,0 +1,21 @@
+"""The README's guard example runs as written."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+def test_the_readme_guard_example_runs(tmp_path, monkeypatch, capsys):
+    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    [block] = [b for b in blocks if "Guard(model, optimizer" in b]
+    monkeypatch.chdir(tmp_path)  # its checkpoint_dir is relative
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    level, skipped, name = capsys.readouterr().out.split()
+    assert level in {"ok", "watch", "warn", "critical"} and int(skipped) >= 0
+    assert (tmp_path / "ckpt" / name).exists()
+    assert list((tmp_path / "ckpt").glob("guard-*.pt"))  # healthy checkpoints were written
