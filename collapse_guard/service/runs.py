@@ -96,13 +96,7 @@ def check_window(
         if name not in columns:
             continue
         values = np.asarray(columns[name], dtype=np.float64)
-        if len(values) != n:
-            raise BadRequest(
-                f"{where}.signals.{name}",
-                f"{len(values)} values for {n} steps",
-                "one value per step (null where not measured)",
-                "pad the column with null to the length of steps",
-            )
+        _check_length(where, name, len(values), n)
         out[name] = values
     return RunWindow(run_id, steps, out, _check_context(where, context, context_fields))
 
@@ -114,13 +108,8 @@ def from_json_run(
     # lengths first: a column of the wrong length must not cost a conversion
     n = len(run.steps)
     for name, values in run.signals.items():
-        if name in _KNOWN and len(values) != n:
-            raise BadRequest(
-                f"{where}.signals.{name}",
-                f"{len(values)} values for {n} steps",
-                "one value per step (null where not measured)",
-                "pad the column with null to the length of steps",
-            )
+        if name in _KNOWN:
+            _check_length(where, name, len(values), n)
     return check_window(
         where,
         run.run_id,
@@ -131,6 +120,16 @@ def from_json_run(
         context_fields=context_fields,
         limits=limits,
     )
+
+
+def _check_length(where: str, name: str, got: int, n: int) -> None:
+    if got != n:
+        raise BadRequest(
+            f"{where}.signals.{name}",
+            f"{got} values for {n} steps",
+            "one value per step (null where not measured)",
+            "pad the column with null to the length of steps",
+        )
 
 
 def _check_steps(where: str, steps: np.ndarray) -> np.ndarray:

@@ -73,6 +73,20 @@ def broken_dir(tmp_path_factory, variant_dir):
 
 
 @pytest.fixture(scope="session")
+def nan_dir(tmp_path_factory, variant_dir):
+    """A model folder that loads but answers NaN (its calibration's slope is NaN)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("nan") / "model"
+    shutil.copytree(variant_dir, folder)
+    spec_path = folder / "risk_model.json"
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    spec["calibration"]["params"]["a"] = float("nan")
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def store_uri(tmp_path_factory):
     """Where the test MLflow store lives (filled by ``mlflow_uri``)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"

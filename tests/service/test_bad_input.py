@@ -91,10 +91,16 @@ CASES = {
     "runs not a list": ({"runs": {"a": 1}}, 400, "runs", "array"),
     "top_k too big": ({"runs": [good_run()], "top_k": 51}, 400, "top_k", "0..50"),
     "unknown context": (
-        with_run(context={"lr_peak_ratio_x": 1.0}),
+        with_run(context={"lr_peak": 1.0}),
         400,
-        "runs[0].context.lr_peak_ratio_x",
-        "context",
+        "runs[0].context.lr_peak",
+        "the model's context fields: ctx__steps, ctx__lr_over_peak",
+    ),
+    "text context": (
+        with_run(context={"ctx__steps": "many"}),
+        400,
+        "runs[0].context.ctx__steps",
+        "a number",
     ),
 }
 
@@ -150,6 +156,14 @@ def test_bad_reload_body_and_source(app_client, default_model):
     assert post(app_client, b"[1]", path="/reload").status_code == 400
     missing = post(app_client, {"source": "/no/such/folder"}, path="/reload")
     assert missing.status_code == 409 and "/no/such/folder" in missing.json()["error"]
+    assert app_client.get("/model").json()["version"] == default_model.meta["version"]
+
+
+def test_a_model_that_loads_but_answers_nan_is_refused(app_client, nan_dir, default_model):
+    answer = post(app_client, {"source": str(nan_dir)}, path="/reload")
+    assert answer.status_code == 409
+    assert "failed its check" in answer.json()["error"]
+    assert "not a probability in [0, 1]" in answer.json()["error"]
     assert app_client.get("/model").json()["version"] == default_model.meta["version"]
 
 
