@@ -212,7 +212,7 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
 
 def demo(
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps of each run.")] = 700,
-    lr: Annotated[float, typer.Option(help="Peak AdamW LR before the re-warm.")] = 6e-3,
+    lr: Annotated[float, typer.Option(help="Peak AdamW LR before the re-warm.")] = 3e-3,
     rewarm_at: Annotated[int, typer.Option(min=0, help="Step where the re-warm starts.")] = 200,
     rewarm_steps: Annotated[int, typer.Option(min=1, help="Steps of the slow re-warm.")] = 300,
     rewarm_lr: Annotated[float, typer.Option(help="LR the re-warm ramps to.")] = 0.16,

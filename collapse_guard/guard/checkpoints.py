@@ -94,28 +94,43 @@ def average_states(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch
 
 
 class CheckpointRing:
-    """The newest ``keep`` healthy checkpoints in ``folder`` (module docstring)."""
+    """The newest ``keep`` healthy checkpoints in ``folder`` (module docstring).
+
+    The ring holds only the files it wrote (or adopted on a resume): checkpoints another
+    run left in the folder are never rolled back to, nor deleted.
+    """
 
     def __init__(self, folder: str | os.PathLike, keep: int = 3) -> None:
         self.folder = Path(folder)
         self.keep = int(keep)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._mine: list[Path] = []
 
-    def paths(self) -> list[Path]:
-        """The ring's files, oldest first."""
+    def existing(self) -> list[Path]:
+        """Every guard checkpoint in the folder, oldest first (whoever wrote it)."""
         found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
         return [p for _, p in sorted(found)]
 
+    def paths(self) -> list[Path]:
+        """The ring's files, oldest first."""
+        return [p for p in self._mine if p.exists()]
+
+    def adopt(self, newest: Path) -> None:
+        """Resume: the ring is the folder's checkpoints up to ``newest`` (the last ``keep``)."""
+        older = [p for p in self.existing() if p.name <= Path(newest).name]
+        self._mine = older[-self.keep :]
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        path = save_atomic(
-            {"format": FORMAT, "step": int(step), **state}, self.folder / f"guard-{step:09d}.pt"
-        )
-        for old in self.paths()[: -self.keep]:  # only after the new one is durable
+        path = self.folder / f"guard-{step:09d}.pt"
+        save_atomic({"format": FORMAT, "step": int(step), **state}, path)
+        self._mine = [p for p in self._mine if p != path] + [path]
+        for old in self._mine[: -self.keep]:  # only after the new one is durable
             old.unlink(missing_ok=True)
+        self._mine = self._mine[-self.keep :]
         return path
 
     def newest(self) -> Path | None:
-        paths = self.paths()
+        paths = self.existing()
         return paths[-1] if paths else None
 
     def rollback_state(self, paths: Sequence[str | os.PathLike] | None = None) -> dict[str, Any]:

@@ -8,10 +8,12 @@ the run file's ``event`` column), tested on hand-written facts and replayed.
 The order of the rules is the order of their urgency::
 
     give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
-    rescue    online collapse | non-finite loss | max_skip_streak skips in a row
-              -> no update, roll back to the ring's average, skip batches, lower LR
+    rescue    online collapse | non-finite loss | max_skip_streak non-finite-gradient
+              skips in a row -> no update, roll back to the ring's average, skip
+              batches, lower LR
     skip      non-finite gradient, loss / grad-norm z over outlier_z (critical_outlier_z
-              at `critical`) -> no update this step
+              at `critical`) -> no update this step; after max_outlier_skips z-score
+              skips in a row the next outlier is applied (clipped): it is the data now
     level     LR multiplier and clipping of the level; a tensor whose gradient norm
               is an outlier is clipped (warn and above)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
@@ -98,8 +100,9 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
         return "nonfinite_loss"
     if facts.collapse_online:
         return "online_collapse"
-    if facts.skip_streak + 1 >= policy.max_skip_streak and _skip_reason(facts, policy):
-        return f"skip_streak={facts.skip_streak + 1}"
+    streak = facts.skip_streak + 1
+    if streak >= policy.max_skip_streak and _skip_reason(facts, policy) == "nonfinite_grad":
+        return f"skip_streak={streak}"
     return ""
 
 
@@ -143,6 +146,9 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     if lr != facts.lr_multiplier:
         events.append(f"lr_x{lr:.3g}")
     skip = _skip_reason(facts, policy)
+    if skip and skip != "nonfinite_grad" and facts.skip_streak >= policy.max_outlier_skips:
+        events.append(f"accept:{skip}")  # the outlier persists: it is the data now
+        skip = ""
     if skip:
         return GuardDecision(
             **common,

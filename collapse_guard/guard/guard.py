@@ -236,6 +236,7 @@ class Guard:
         if path is None:
             raise FileNotFoundError(f"no guard checkpoint in {self.folder} to resume from")
         state = load_checkpoint(path)
+        self.ring.adopt(Path(path))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):

@@ -47,7 +47,7 @@ def test_a_z_of_3_5_is_not_an_outlier_below_critical_nor_an_amp_overflow():
     [
         ({"loss": math.nan}, "nonfinite_loss"),
         ({"collapse_online": True}, "online_collapse"),
-        ({"skip_streak": 2, "loss_z": 10.0}, "skip_streak=3"),  # the third skip in a row
+        ({"skip_streak": 2, "grad_finite": False}, "skip_streak=3"),  # third non-finite
     ],
 )
 def test_rescues(kw, reason):
@@ -99,3 +99,9 @@ def test_policy_rejects_unknown_keys_and_bad_multipliers():
         GuardPolicy(warn_lr=1.5)
     with pytest.raises(ValueError):
         GuardPolicy.from_dict({"warn_lr": 0.5, "typo": 1})
+
+
+def test_a_lasting_outlier_is_applied_after_two_skips_not_rescued():
+    assert decide(facts(skip_streak=1, loss_z=8.0), POLICY).skipped
+    third = decide(facts(skip_streak=2, loss_z=8.0), POLICY)
+    assert third.apply_update and not third.rescue and third.events == ("accept:loss_z=8.0",)

@@ -38,6 +38,19 @@ def test_rollback_averages_the_last_three_checkpoints_exactly(tmp_path):
     assert state["averaged"] == 3 and state["step"] == 3
 
 
+def test_the_ring_never_uses_nor_deletes_another_runs_checkpoints(tmp_path):
+    other = CheckpointRing(tmp_path, keep=1)
+    other.save(500, {"model": {"w": torch.zeros(1)}})
+    ring = CheckpointRing(tmp_path, keep=1)
+    with pytest.raises(FileNotFoundError, match="no healthy checkpoint"):
+        ring.rollback_state()
+    ring.save(3, {"model": {"w": torch.ones(1)}})
+    ring.save(4, {"model": {"w": torch.full((1,), 3.0)}})
+    assert [p.name for p in ring.paths()] == ["guard-000000004.pt"]
+    assert (tmp_path / "guard-000000500.pt").exists()
+    assert ring.rollback_state()["model"]["w"].item() == 3.0
+
+
 def test_checkpoints_load_with_weights_only_and_refuse_pickled_code(tmp_path):
     model, opt = tiny_model()
     guard = Guard(model, opt, tmp_path, risk="off")
