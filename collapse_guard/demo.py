@@ -77,11 +77,13 @@ def scenario(steps: int, lr: float, rewarm_at: int, rewarm_steps: int, rewarm_lr
 
 
 def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoRun:
-    """Train ``config`` once, nanoGPT's way (the loop sets the LR every step)."""
+    """Train ``config`` once, nanoGPT's way (the loop sets the LR every step), with its
+    fault if it has one (``datasets/real/faults.py``, hooked where ``runner.train`` does)."""
     import torch
 
     from collapse_guard.datasets.label import label_run
     from collapse_guard.datasets.real.data import BatchSource
+    from collapse_guard.datasets.real.faults import FaultInjector
     from collapse_guard.datasets.real.runner import build
     from collapse_guard.features import RunContext
     from collapse_guard.guard import Guard, GuardPolicy
@@ -89,7 +91,8 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
 
     run = DemoRun("guarded" if guarded else "unguarded")
     net, optimizer = build(config)
-    batches = BatchSource(config, torch.Generator().manual_seed(config.seed))
+    generator = torch.Generator().manual_seed(config.seed)
+    batches, faults = BatchSource(config, generator), FaultInjector(config)
     began = time.perf_counter()
     if guarded:
         policy = GuardPolicy(clip=config.grad_clip, risk_every=RISK_EVERY)
@@ -101,9 +104,11 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
         while guarded and guard.should_skip_batch():  # the data that led to a rescue
             batches.next()
         for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        _, loss = net(*batches.next())
+            group["lr"] = config.lr_at(step) * faults.lr_multiplier(step)
+        _, loss = net(*faults.batch(step, *batches.next(), generator))
         loss.backward()
+        faults.after_backward(step, net)  # the fault hooks of runner.train, in its order
+        faults.before_step(step, optimizer)
         if guarded:
             guard.step(loss)
             run.lrs.append(optimizer.param_groups[0]["lr"] * guard.lr_multiplier * guard.rescue_lr)
