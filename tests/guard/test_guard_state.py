@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import warnings
 
@@ -113,3 +114,59 @@ def test_a_service_that_is_down_falls_back_to_the_embedded_model(tmp_path, risk_
     assert len(failed) == 1  # warned once, though every request failed
     assert guard.step_index == 60  # training went on
     assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+
+
+class _GarbageClient:
+    """A service stand-in that answers a probability of 7 (garbage)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def risk(self, frame, run_id="run", context=None):
+        from types import SimpleNamespace
+
+        self.calls += 1
+        return SimpleNamespace(probability=7.0, level="ok")
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_a_garbage_answer_falls_back_too(tmp_path, risk_model):
+    import time
+
+    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceRisk
+
+    client = _GarbageClient()
+    source = ServiceRisk(client, EmbeddedRisk(risk_model))
+    frame = __import__("pandas").DataFrame({"step": range(30), "loss": [2.5] * 30})
+    with pytest.warns(RuntimeWarning, match="garbage answer"):
+        source.submit(29, frame, None)
+        for _ in range(100):  # the worker answers in the background
+            reading = source.poll()
+            if reading is not None:
+                break
+            time.sleep(0.01)
+    assert reading.source == "embedded" and 0.0 <= reading.probability <= 1.0
+    source.close()
+
+
+def test_amp_grad_scaler_is_unscaled_stepped_and_updated(tmp_path):
+    model, opt = tiny_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    guard = Guard(model, opt, tmp_path, scaler=scaler, risk="off")
+    loop = Loop()
+    for step in range(12):
+        x, y = loop.next()
+        _, loss = model(x, y)
+        scaler.scale(loss).backward()
+        if step == 11:  # an overflow: the scaler skips the step and halves its scale
+            next(model.parameters()).grad[0, 0] = math.inf
+        before = [p.detach().clone() for p in model.parameters()]
+        decision = guard.step(loss)
+        opt.zero_grad()
+        moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert moved == (step < 11)
+        assert decision.apply_update  # the overflow is the scaler's own skip, not the guard's
+    assert scaler.get_scale() == 2.0**9 and guard.skipped == 0
+    guard.close()
