@@ -18,6 +18,25 @@ The order of the rules is the order of their urgency::
               is an outlier is clipped (warn and above)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
               or above when none is recent
+
+The events a step can carry (the run file's ``event`` column, ``;``-joined):
+
+==========================  ==========================================================
+event                       meaning
+==========================  ==========================================================
+``skip:<reason>``           update not applied (``nonfinite_grad``, ``loss_z=7.1``, ...)
+``accept:<reason>``         an outlier applied (clipped) after max_outlier_skips skips
+``lr_x<m>``                 the level's LR multiplier changed to ``m``
+``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
+``checkpoint``              a healthy checkpoint written into the ring
+``rescue:<reason>``         a rescue (``nonfinite_loss``, ``online_collapse``, ...)
+``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
+``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
+``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
+``lr_rescue_x<f>``          the lasting rescue LR factor is now ``f``
+``layer_caps:<n>``          ``n`` tensors that blew up get a gradient-norm cap
+``give_up:<reason>``        the rescue cap is reached: ``GuardGaveUp`` is raised
+==========================  ==========================================================
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ class Guard:
         self.layer_bounds: dict[str, float] = {}  # tensor -> gradient-norm cap after rescues
         self.pending_skips = 0
         self.skip_streak = self.quiet_steps = 0
-        self.since_checkpoint = 10**9  # no checkpoint yet: the first healthy step writes one
+        self.last_checkpoint = -(10**9)  # step of the last one; none yet: the first
+        # healthy step writes one
         self.rescues = self.skipped = self.checkpoints = 0
         self.events: list[tuple[int, str]] = []
         self.first_warning: int | None = None  # first step at warn or above
@@ -242,7 +243,7 @@ class Guard:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.load_state_dict(state["guard"])
-        self.since_checkpoint = 0
+        self.last_checkpoint = self.step_index - 1  # the state after that step
         return self.step_index
 
     # --------------------------------------------------------------- batches
@@ -339,7 +340,7 @@ class Guard:
             collapse_online=self.online.collapsed(s),
             rescues=self.rescues,
             layer_outliers=tuple(outliers),
-            since_checkpoint=self.since_checkpoint,
+            since_checkpoint=s - self.last_checkpoint,
             quiet_steps=self.quiet_steps,
             amp_overflow=self._amp_overflow(),
         )
@@ -462,7 +463,6 @@ class Guard:
         open_excursion = self.online.open_for(s) > 0
         calm = applied and not open_excursion and decision.level != "critical"
         self.quiet_steps = self.quiet_steps + 1 if calm else 0
-        self.since_checkpoint += 1
         if not decision.rescue:
             self.window.append((s, [record[k] for k in SIGNAL_NAMES]))
             if self.context is not None:
@@ -491,7 +491,7 @@ class Guard:
         if self.rank == 0:
             self.ring.save(self.step_index, self._full_state())
         self.checkpoints += 1
-        self.since_checkpoint = 0
+        self.last_checkpoint = self.step_index - 1  # called after step_index moved on
 
     def _rescue(self, decision: GuardDecision, norms: torch.Tensor) -> list[str]:
         """Forensics, rollback to the ring's average, skips, a lower LR, layer caps."""

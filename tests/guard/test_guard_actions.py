@@ -187,3 +187,19 @@ def test_a_large_lr_collapse_is_rescued(tmp_path):
     healthy = sum(losses[50:60]) / 10
     assert guard.rescues >= 1
     assert sum(losses[-20:]) / 20 < healthy + 0.25, (healthy, losses[-20:])
+
+
+def test_watch_probes_attention_more_often_and_checkpoints(tmp_path, fixed_risk):
+    model, opt = tiny_model()
+    policy = {"risk_every": 1, "checkpoint_every": 0, "watch_checkpoint_gap": 5}
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("watch"), config=policy)
+    loop = Loop()
+    decisions = []
+    for _ in range(30):
+        decisions.append(guard.step(loop.loss(model)))
+        opt.zero_grad()
+    assert guard.probe.config.attention_every == 5  # ProbeConfig's 10, halved at watch
+    steps = [d.step for d in decisions if d.checkpoint]
+    # the first healthy step (10 quiet steps), then every 5 steps while at watch
+    assert steps == [10, 15, 20, 25] and len(guard.ring.paths()) == 3
+    guard.close()
