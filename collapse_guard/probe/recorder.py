@@ -1,21 +1,40 @@
-"""Recording the probe's records straight into a run file.
+"""Where the probe's records go: any sink object, or a run file by its path.
 
-``collapse_guard.datasets`` is imported here lazily, inside :func:`open_writer`: the
-probe package must import without it (DESIGN.md: dependencies point one way, and the
-run-file module pulls in pandas and pyarrow).
+A sink is anything with ``append(step, record, event="")`` and ``close()``:
+``collapse_guard.datasets.runfile.RunWriter`` is one, a list-backed test double or a
+logger adapter can be another. ``probe.record_to(sink)`` appends every record to it;
+``probe.record_to(path)`` opens a ``RunWriter`` there.
+
+``collapse_guard.datasets`` is imported here lazily, inside :func:`open_writer`, and only
+for a path: the probe package must import without it (DESIGN.md: dependencies point one
+way, and the run-file module pulls in pandas and pyarrow).
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["open_writer"]
+__all__ = ["RecordSink", "open_writer"]
 
 
-def open_writer(path: str | os.PathLike, meta: Any = None, chunk_steps: int = 256) -> Any:
-    """A ``RunWriter`` on ``path``; default meta: a fresh uuid run id, source "real"."""
+@runtime_checkable
+class RecordSink(Protocol):
+    """What the probe (and the guard) write records to."""
+
+    def append(self, step: int, record: dict[str, float], event: str = "") -> None: ...
+
+    def close(self) -> Any: ...
+
+
+def open_writer(
+    path: str | os.PathLike | RecordSink, meta: Any = None, chunk_steps: int = 256
+) -> Any:
+    """``path`` itself when it is a sink; else a ``RunWriter`` on it (default meta: a fresh
+    uuid run id, source "real")."""
+    if isinstance(path, RecordSink):
+        return path
     from collapse_guard.datasets.runfile import RunMeta, RunWriter
 
     if meta is None:

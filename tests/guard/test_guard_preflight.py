@@ -26,3 +26,33 @@ def test_no_warmup_is_seen_after_ten_steps():
     assert flat_msgs[9] is not None and "no warmup" in flat_msgs[9]
     assert [m for i, m in enumerate(flat_msgs) if i != 9] == [None] * 11  # once
     assert all(rising.add(1e-4 * (i + 1)) is None for i in range(12))
+
+
+def test_the_probe_records_to_any_sink_object():
+    import torch
+
+    from collapse_guard.probe import Probe
+
+    class ListSink:
+        def __init__(self):
+            self.rows, self.closed = [], False
+
+        def append(self, step, record, event=""):
+            self.rows.append((step, record["loss"]))
+
+        def close(self):
+            self.closed = True
+
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe, sink = Probe(model, opt), ListSink()
+    assert probe.record_to(sink) is sink
+    for _ in range(3):
+        loss = model(torch.ones(2, 3)).pow(2).mean()
+        loss.backward()
+        probe.after_backward(loss)
+        opt.step()
+        probe.after_step()
+        opt.zero_grad()
+    probe.close()
+    assert [s for s, _ in sink.rows] == [0, 1, 2] and sink.closed
