@@ -57,8 +57,19 @@ def main() -> None:
     model = RiskModel.load()
     wanted = {"develops": args.develops, "sudden": args.sudden}
     rows, began = [], time.perf_counter()
-    print("| index | recipe | half | family/optimizer | unguarded onset | guarded | final loss "
-          "unguarded -> guarded | rescues | steps lost | wall s |")  # fmt: skip
+    columns = (
+        "index",
+        "recipe",
+        "half",
+        "family/optimizer",
+        "unguarded onset",
+        "guarded",
+        "final loss unguarded -> guarded",
+        "rescues",
+        "steps lost",
+        "wall s",
+    )
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for index in range(args.scan):
         if not any(wanted.values()):

@@ -203,8 +203,8 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
     for name, p in thresholds.items():
         low.axhline(p, color="grey", lw=0.6, ls="--")
         low.text(0, p, f" {name}", va="bottom", fontsize=7, color="grey")
-    top.set(ylabel="training loss", title="collapse-guard demo: rescues (black), checkpoints "
-            "(grey ticks), skips (x); dotted: the label's collapse step")  # fmt: skip
+    title = "rescues (black), checkpoints (grey ticks), skips (x); dotted: the label's collapse"
+    top.set(ylabel="training loss", title=f"collapse-guard demo: {title}")
     top.legend(loc="upper left")
     mid.set(ylabel="LR in force")
     low.set(xlabel="step", ylabel="P(collapse in 200 steps)", ylim=(0, 1))
