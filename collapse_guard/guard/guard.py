@@ -390,7 +390,8 @@ class Guard:
                 f"step {s}: the run collapsed again ({decision.reason}) after "
                 f"{self.rescues} rescues (GuardPolicy.max_rescues={self.policy.max_rescues}); "
                 f"stopping instead of looping. Forensics of each rescue are in {self.folder}/"
-                "forensics; lower the LR, or raise max_rescues to keep trying"
+                "forensics; lower the LR, check the data (a loss that rises again after every "
+                "rollback can be the data going bad), or raise max_rescues to keep trying"
             )
         self.lr_multiplier = decision.lr_multiplier
         saved = None
