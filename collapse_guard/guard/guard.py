@@ -284,7 +284,6 @@ class Guard:
         )
         total = torch.linalg.vector_norm(norms) if len(norms) else torch.zeros(())
         loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync point
-        self.history.add(s, norms)
         decision = ddp.share(
             self._decide(s, loss_value, grad_norm, norms) if self.rank == 0 else None
         )
@@ -414,6 +413,9 @@ class Guard:
             warning = self._warmup.add(saved[0])
             if warning and self.rank == 0:
                 warnings.warn(f"collapse-guard preflight: {warning}", UserWarning, stacklevel=3)
+        # the step's norms join the history now: the decision and the clipping judged them
+        # against the steps before; the forensics of a rescue include them
+        self.history.add(s, norms)
         events = list(decision.events)
         if decision.rescue:
             events += self._rescue(decision, norms)

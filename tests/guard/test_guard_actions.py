@@ -168,6 +168,7 @@ def test_an_injected_nan_weight_is_rescued_and_the_run_finishes_healthy(tmp_path
     assert saved["counts"].shape[0] == len(guard.param_names)
 
 
+@pytest.mark.slow  # 260 steps: 6-8 s on the loaded machine
 def test_a_large_lr_collapse_is_rescued(tmp_path):
     """The LR jumps to 100x (0.3) at step 60: the guard rolls back and lowers the LR."""
     model, opt = tiny_model(seed=2)
@@ -202,4 +203,30 @@ def test_watch_probes_attention_more_often_and_checkpoints(tmp_path, fixed_risk)
     steps = [d.step for d in decisions if d.checkpoint]
     # the first healthy step (10 quiet steps), then every 5 steps while at watch
     assert steps == [10, 15, 20, 25] and len(guard.ring.paths()) == 3
+    guard.close()
+
+
+def test_at_warn_an_outlier_tensor_is_clipped_to_five_times_its_median(tmp_path, fixed_risk):
+    model, opt = tiny_model()
+    policy = {"risk_every": 1, "clip": 0.0, "warn_clip": 0.0, "critical_clip": 0.0}
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), config=policy)
+    loop = Loop()
+    for _ in range(30):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    name = "blocks.0.ln_1.bias" if "blocks.0.ln_1.bias" in guard.param_names else None
+    name = name or next(n for n in guard.param_names if n.endswith("bias"))
+    i = guard.param_names.index(name)
+    median = torch.nanmedian(guard.history.norms[:30, i]).item()
+    loss = loop.loss(model)
+    tensor = guard.params[i]
+    tensor.grad.mul_(50 * median / tensor.grad.norm())  # 50x its median: an outlier layer
+    others = {n: p.grad.clone() for n, p in zip(guard.param_names, guard.params, strict=True)}
+    decision = guard.step(loss)
+    assert decision.apply_update and name in decision.clip_layers
+    assert tensor.grad.norm().item() == pytest.approx(5 * median, rel=1e-3)
+    # the other tensors' gradients are untouched (no global clip in this policy)
+    for n, p in zip(guard.param_names, guard.params, strict=True):
+        if n not in decision.clip_layers:
+            assert torch.equal(p.grad, others[n]), n
     guard.close()
