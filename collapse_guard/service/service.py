@@ -29,8 +29,10 @@ import os
 # Before lightgbm is imported: spinning OpenMP threads stall a busy machine (STACK.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+import gc
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import bentoml
@@ -98,6 +100,38 @@ def _parse_json(body: bytes, model: type[BaseModel]) -> BaseModel:
         return model.model_validate_json(body or b"{}")
     except ValidationError as error:
         raise from_validation(error) from None
+
+
+def _json_windows(
+    body: bytes, limits: Limits, shape: dict[str, tuple[str, ...]]
+) -> tuple[list[RunWindow], int]:
+    """Checked windows and top_k of a JSON body; the parsed lists die on return."""
+    parsed = _parse_json(body, RiskRequest)
+    check_batch_size(len(parsed.runs), limits)  # type: ignore[attr-defined]
+    top_k = _top_k(str(parsed.top_k), limits, "top_k")  # type: ignore[attr-defined]
+    windows = [
+        from_json_run(f"runs[{i}]", run, limits=limits, **shape)
+        for i, run in enumerate(parsed.runs)  # type: ignore[attr-defined]
+    ]
+    return windows, top_k
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off while a JSON body becomes arrays.
+
+    Parsing makes a list per column (~1,500 for 64 windows), each allocation counting
+    toward a collection that then walks every float in them: 12-15 ms of a 64-window
+    request's ~90 ms of CPU here. Those lists hold no cycles and are freed by reference
+    counting before the collector is back on; no await happens inside (synchronous code).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @bentoml.service(
@@ -192,14 +226,9 @@ class RiskService:
         scorer = serving.scorer
         shape = {"signals": scorer.signals, "context_fields": scorer.context_fields}
         if media_type == "application/json":
-            parsed = _parse_json(await request.body(), RiskRequest)
-            check_batch_size(len(parsed.runs), self.limits)  # type: ignore[attr-defined]
-            top_k = _top_k(str(parsed.top_k), self.limits, "top_k")  # type: ignore[attr-defined]
-            windows = [
-                from_json_run(f"runs[{i}]", run, limits=self.limits, **shape)
-                for i, run in enumerate(parsed.runs)  # type: ignore[attr-defined]
-            ]
-            return windows, top_k
+            body = await request.body()
+            with _gc_paused():
+                return _json_windows(body, self.limits, shape)
         if media_type == ARROW_TYPE:
             top_k = _top_k(request.query_params.get("top_k"), self.limits, "query top_k")
             return decode_runs(await request.body(), limits=self.limits, **shape), top_k
