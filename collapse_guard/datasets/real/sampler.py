@@ -34,6 +34,36 @@ recipe              weight  what it draws (LRs as multiples of the edge)
                             warmup, or (AdamW) a tiny beta2 and eps, unclipped
 ==================  ======  =========================================================
 
+Measured on the first 60 runs of the seed-0 sweep (1,000 steps, ``benchmarks/real_runs.py
+--report-only``; "develops" = onset 50+ steps after its latest trigger, "<50" = 10-49):
+
+==================  ====  =======  ========  ===  ======  ==============================
+recipe              runs  healthy  develops  <50  sudden  notes
+==================  ====  =======  ========  ===  ======  ==============================
+``baseline``           4        4         0    0       0
+``safe_high_lr``       6        6         0    0       0  all hard negatives held
+``spike``              4        3         0    0       1  SGD + 28 random batches: sudden
+``constant_high``      9        3         6    0       0  Lion collapses every time;
+                                                          AdamW mostly only plateaus
+``slow_ramp``         11        3         5    3       0  2 of 3 AdamW ramps to ~0.1
+                                                          (2.4x) did not collapse
+``growing_fault``      8        1         3    2       2  corrupt ramps: onsets 8-38
+                                                          steps in (the loss counts
+                                                          the random targets)
+``sudden``            13        0         0    0      13  onset 1-4 steps after the jump
+``fragile``            5        4         1    0       0
+all                   60       24        15    5      16  40 / 25 / 8 / 27 %
+==================  ====  =======  ========  ===  ======  ==============================
+
+By optimizer, collapses that develop 50+ steps: AdamW 3 of 26 runs, Lion 9 of 19, SGD 3
+of 15. SGD's measured edge is lower than the ``STABLE_EDGE`` it was drawn with (the
+seed-1 pilot and run 51 here: SGD collapsed at LR 0.75-1.0, not past 1.5), so its ramps
+collapse 20-30 steps in; kept, since changing it would change the draws of the running
+sweep. AdamW varies most with family and data (gpt on bytes collapsed at LR 0.035 on
+its way to 0.14; mha on bytes and gpt on the language, ramped to 0.1, did not): a next
+sampler version would measure its edge per family and data, put SGD's at ~0.7, and
+draw fewer AdamW ``constant_high`` runs (they plateau: no label).
+
 Every recipe also draws the nuisance knobs (depth, width and context, batch size,
 betas, weight decay, clipping, bf16, init scale, warmup, final LR) so that none of
 them gives the answer away. Every trigger of a run (step 0, a re-warm's start, a
