@@ -31,8 +31,8 @@ __all__ = [
 
 LANGUAGE_TAG = 0x1A96  # separates this generator's seeds from every other use of (vocab, seed)
 TOPICS = 8  # topic tokens; each conditions every transition of its documents
-SUCCESSORS = 6  # allowed next tokens per (topic, token): ~1.2 nats of entropy a token
-# (Zipf 1.1 over 6 ranks), so a trained model's loss sits far below ln(vocab)
+SUCCESSORS = 6  # allowed next tokens per (topic, token): at most 1.54 nats of entropy a token
+# (Zipf 1.1 over 6 ranks; less where two ranks drew the same token), far below ln(vocab)
 ZIPF_EXPONENT = 1.1
 DOC_MEAN_TOKENS = 48  # geometric document lengths: many documents start inside a 64-token
 # window, so the topic is often in view and sometimes not
