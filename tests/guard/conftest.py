@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -19,7 +18,6 @@ class FixedRisk:
         self.calls = 0
 
     def predict_window(self, frame, context=None) -> float:
-        assert math.isfinite(frame["loss"].iloc[-1]) or True
         self.calls += 1
         return self.p
 
