@@ -47,10 +47,10 @@ def test_dask_trained_model_ranks_like_the_local_one(tmp_path_factory, tmp_path)
     dask_row = evaluate_runs(splits["test"], model).get("model")
     local_row = evaluate_runs(splits["test"], local).get("model")
     # lightgbm.dask's model depends on which worker holds which partitions (Dask places
-    # them): two placements seen here, ROC-AUC 0.789 / 0.776 against 0.798 local; PR-AUC
-    # on this small test split swings more (0.20 / 0.28 against 0.35), so the ranking is
-    # compared by ROC-AUC
-    assert dask_row["roc_auc"] > 0.75, dask_row
+    # them), and PR-AUC on this small test split swings with it, so the ranking is
+    # compared by ROC-AUC. On synthetic version 2 (decoys in healthy runs, no shortcuts)
+    # the local model and two Dask fits all measured 0.669 here; 0.5 is chance
+    assert dask_row["roc_auc"] > 0.62, dask_row
     assert dask_row["roc_auc"] > local_row["roc_auc"] - 0.05, (dask_row, local_row)
     peaks = {r.run_id: model.predict_run(r.frame).max() for r in splits["test"]}
     collapsed = [peaks[r.run_id] for r in splits["test"] if r.collapsed]
