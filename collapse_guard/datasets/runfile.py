@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collapse_guard._config import reject_unknown_keys
+from collapse_guard._durable import fsync_dir
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
@@ -190,17 +191,6 @@ def _json_default(value: Any) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable: on POSIX the directory entry lives in the folder."""
-    if os.name != "posix":  # Windows cannot open a folder; its rename is journalled
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _durable_write(path: Path, table: pa.Table) -> None:
     """Write ``table`` to ``path`` so that ``path`` is always a complete file.
 
@@ -217,7 +207,7 @@ def _durable_write(path: Path, table: pa.Table) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _with_meta(table: pa.Table, meta: RunMeta) -> pa.Table:

@@ -32,20 +32,12 @@ from typing import Any
 
 import torch
 
+from collapse_guard._durable import fsync_dir
+
 __all__ = ["FORMAT", "CheckpointRing", "average_states", "load_checkpoint", "save_atomic"]
 
 FORMAT = 1  # layout of a checkpoint dict; bump when a key changes meaning
 _NAME = re.compile(r"^guard-(\d+)\.pt$")
-
-
-def _fsync_dir(folder: Path) -> None:
-    if os.name != "posix":  # Windows cannot open a folder; its rename is journalled
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
@@ -62,7 +54,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
