@@ -35,7 +35,7 @@ from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
 from collapse_guard.predictor.baselines import default_baselines
 from collapse_guard.predictor.calibration import Calibrator
 from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs
-from collapse_guard.predictor.levels import DEFAULT_BUDGETS, thresholds_from_budgets
+from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.predictor.seen_runs import stored_ids
@@ -100,16 +100,24 @@ def set_levels(
     healthy_runs: Sequence[RunRecord],
     budgets: Mapping[str, float] = DEFAULT_BUDGETS,
 ) -> RiskModel:
-    """Step 5: thresholds from budgets on healthy runs scored at every step."""
+    """Step 5: thresholds from budgets on healthy runs scored at every step.
+
+    Each source (real, synthetic, imported, ...) must hold the budget on its own, so each
+    level is the highest of the per-source thresholds: pooled, the many synthetic healthy
+    steps set a threshold that real runs crossed 10x as often as the budget (issue 8:
+    `warn` at 10.6 false alarms per 10k healthy real steps against a budget of 1).
+    """
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
-    scores = [
-        model.predict_run(run.frame, steps=run.frame["step"].to_numpy()).to_numpy()
-        for run in healthy_runs
-    ]
-    model.with_thresholds(thresholds_from_budgets(scores, budgets))
+    by_source: dict[str, list[np.ndarray]] = {}
+    for run in healthy_runs:
+        scores = model.predict_run(run.frame, steps=run.frame["step"].to_numpy()).to_numpy()
+        by_source.setdefault(run.meta.source, []).append(scores)
+    per_source = [thresholds_from_budgets(s, budgets) for s in by_source.values()]
+    model.with_thresholds({level: max(t[level] for t in per_source) for level in LEVELS})
     model.budgets = dict(budgets)
+    model.meta["threshold_sources"] = sorted(by_source)
     # how many healthy steps back the thresholds: the tightest budget it can honour
-    model.meta["threshold_healthy_steps"] = int(sum(s.size for s in scores))
+    model.meta["threshold_healthy_steps"] = int(sum(x.size for v in by_source.values() for x in v))
     return model
 
 
