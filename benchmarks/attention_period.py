@@ -5,11 +5,12 @@ The other half of the attention-period trade-off (the cost half is
 attention every 10 steps (the probe's default since issue 8); keeping only every P-th
 measurement gives the same runs as if probed every P steps, for P a multiple of 10 (a
 probe every 25 steps cannot be emulated: its steps are mostly not multiples of 10). For
-each P the model-free family lead (``evaluation.family_leads``: the first step in the 200 before onset at which
-an attention signal leaves the run's own healthy range) is computed for every collapse,
-with the healthy runs as controls. Reported per P: the share of collapses whose attention
-family departed at least 10 steps before onset, their median lead, and the share of
-healthy controls that departed (the false-departure rate to read it against).
+each P the model-free family lead (``evaluation.family_leads``: the first step in the
+200 before onset at which an attention signal leaves the run's own healthy range) is
+computed for every collapse, with the healthy runs as controls. Reported per P: the
+share of collapses whose attention family departed at least 10 steps before onset, their
+median lead, and the share of healthy controls that departed (the false-departure rate
+to read it against).
 
 Usage::
 
