@@ -117,16 +117,23 @@ class ResultRow:
     def flat(self) -> dict[str, Any]:
         """One table row (keys: the report's frame columns)."""
         return {
-            "scorer": self.scorer,
-            "source": self.source,
-            "operating_point": self.operating_point,
-            "fitted_on": self.fitted_on,
-            "threshold": self.threshold,
+            **_point_keys(self),
             **self.events.summary(),
             "pr_auc": self.rows.pr_auc,
             "roc_auc": self.rows.roc_auc,
             "brier": self.rows.brier,
         }
+
+
+def _point_keys(row: ResultRow | GroupRow) -> dict[str, Any]:
+    """Which scorer, on which source, at which operating point: every row's first keys."""
+    return {
+        "scorer": row.scorer,
+        "source": row.source,
+        "operating_point": row.operating_point,
+        "fitted_on": row.fitted_on,
+        "threshold": row.threshold,
+    }
 
 
 @dataclass(frozen=True)
@@ -142,11 +149,7 @@ class GroupRow:
 
     def flat(self) -> dict[str, Any]:
         return {
-            "scorer": self.scorer,
-            "source": self.source,
-            "operating_point": self.operating_point,
-            "fitted_on": self.fitted_on,
-            "threshold": self.threshold,
+            **_point_keys(self),
             "grouping": self.result.grouping,
             "group": self.result.group,
             **self.result.events.summary(),
