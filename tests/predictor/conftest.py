@@ -12,13 +12,12 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
 
 import pytest
+from predictor_settings import FAST_PARAMS
 
 from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig
 
 SHORT = SamplerConfig(min_steps=600, max_steps=1200)
-# small and quick: the contract, not the accuracy, is under test here
-FAST_PARAMS = {"n_estimators": 60, "min_child_samples": 40}
 
 
 @pytest.fixture(scope="session")

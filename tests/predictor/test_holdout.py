@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pytest
-from conftest import FAST_PARAMS
+from predictor_settings import FAST_PARAMS
 
 from collapse_guard.predictor.evaluation import leave_one_group_out
 from collapse_guard.predictor.training_data import RunRecord

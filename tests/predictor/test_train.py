@@ -20,7 +20,7 @@ def test_pipeline_meta_split_and_levels(trained, run_records):
     assert split == split_runs([r.meta for r in run_records], seed=0).to_dict()
     assert report.get("model")["n_runs"] == len(split["test"])
     assert model.meta["threshold_healthy_steps"] > 0
-    assert model.horizon == 200 and model.meta["n_trees"] <= 60  # FAST_PARAMS in conftest
+    assert model.horizon == 200 and model.meta["n_trees"] <= 60  # FAST_PARAMS in predictor_settings
     # the machine's telemetry is recorded but never predicted from
     assert model.schema.signals == MODEL_SIGNALS
     assert "host_mem_available" not in MODEL_SIGNALS and "attn_kl" in MODEL_SIGNALS

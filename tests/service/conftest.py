@@ -14,7 +14,6 @@ os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import TOKEN
-
-SERVED_BODY_LIMIT = 4_000_000  # bytes: small, so that the 413 tests send little
-VARIANT_VERSION = "variant-40-trees"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from service_settings import SERVED_BODY_LIMIT, VARIANT_VERSION
+from support import free_port
 
 
 @pytest.fixture(scope="session")

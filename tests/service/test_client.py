@@ -6,8 +6,8 @@ import socket
 
 import numpy as np
 import pytest
-from conftest import free_port
 from helpers import TOKEN, window
+from support import free_port
 
 from collapse_guard.service import (
     RiskClient,

@@ -8,8 +8,8 @@ import time
 
 import httpx
 import pytest
-from conftest import VARIANT_VERSION
 from helpers import TOKEN, window
+from service_settings import VARIANT_VERSION
 
 from collapse_guard.service import RequestRejected, RiskClient
 

@@ -7,8 +7,8 @@ import math
 import httpx
 import numpy as np
 import pytest
-from conftest import SERVED_BODY_LIMIT
 from helpers import TOKEN, context_of, run_json, window
+from service_settings import SERVED_BODY_LIMIT
 
 from collapse_guard.service import RequestRejected, RiskClient
 from collapse_guard.service.scoring import signal_of
