@@ -55,6 +55,7 @@ __all__ = [
     "COLLAPSE_KINDS",
     "HORIZON",
     "LABEL_VERSION",
+    "MIN_LEAD",
     "Label",
     "LabelRule",
     "Spike",
@@ -66,6 +67,9 @@ __all__ = [
 # Bump on any change of the rule or of a LabelRule default: stored labels name it.
 LABEL_VERSION: str = "2"
 HORIZON: int = 200  # DESIGN.md: predict collapse within the next 200 steps
+# DESIGN.md "Predictor": an alarm counts only this many steps or more before onset;
+# a later one leaves no time to act (the guard's reactive path covers those collapses)
+MIN_LEAD: int = 10
 COLLAPSE_KINDS: tuple[str, ...] = ("nonfinite", "loss_rise", "grad_collapse")
 
 

@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON
+from collapse_guard.predictor.training_data import DEFAULT_STRIDE
 from collapse_guard.signals import signal
 
 __all__ = [
@@ -369,7 +370,7 @@ class ConfigOnlyBaseline(_Tuned):
     probabilistic = True
     columns = ("log_lr", "step", "log_peak_lr")
 
-    def __init__(self, random_state: int = 0, stride: int = 10) -> None:
+    def __init__(self, random_state: int = 0, stride: int = DEFAULT_STRIDE) -> None:
         self.random_state = random_state
         self.stride = stride
 

@@ -4,17 +4,19 @@ A trigger is a step where an intervention began (``RealRunConfig.triggers``: ste
 a re-warm's start, a fault's first step). A collapse's trigger is the latest one at
 or before its onset. When the onset comes less than ``SUDDEN_WITHIN`` steps after it,
 the collapse is ``sudden``: no forecast can precede it by the evaluation's minimum
-lead (DESIGN.md: an alarm counts only when it comes at least 10 steps before onset),
-so it belongs to the guard's reactive path. Otherwise it ``develops``.
+lead (``datasets.label.MIN_LEAD``: an alarm counts only when it comes at least that many
+steps before onset), so it belongs to the guard's reactive path. Otherwise it ``develops``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from collapse_guard.datasets.label import MIN_LEAD
+
 __all__ = ["SUDDEN_WITHIN", "onset_kind"]
 
-SUDDEN_WITHIN = 10  # steps: the evaluation's minimum lead (DESIGN.md, Predictor)
+SUDDEN_WITHIN = MIN_LEAD  # steps: no forecast can come earlier than the minimum lead
 
 
 def onset_kind(triggers: Iterable[int], onset: int | None) -> tuple[str | None, int | None]:

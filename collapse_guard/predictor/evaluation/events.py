@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from collapse_guard.datasets.label import HORIZON, collapse_targets
+from collapse_guard.datasets.label import HORIZON, MIN_LEAD, collapse_targets
 from collapse_guard.predictor.levels import alarm_starts, threshold_for_episodes
 
 __all__ = [
@@ -39,8 +39,6 @@ __all__ = [
     "run_outcome",
     "threshold_at_budget",
 ]
-
-MIN_LEAD = 10  # steps: an alarm later than this before onset leaves no time to act
 
 
 @dataclass(frozen=True)
