@@ -22,6 +22,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from collapse_guard.datasets.label import HORIZON
+
 __all__ = ["CollapsePredictor", "FeatureMismatchError", "check_feature_names"]
 
 
@@ -83,7 +85,7 @@ class CollapsePredictor(ClassifierMixin, BaseEstimator):
         colsample_bytree: float = 0.5,
         reg_lambda: float = 1.0,
         early_stopping_rounds: int = 50,
-        horizon: int = 200,
+        horizon: int = HORIZON,
         n_jobs: int = 1,
         random_state: int = 0,
     ) -> None:
