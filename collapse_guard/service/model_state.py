@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.levels import LEVELS
 from collapse_guard.service.runs import RunWindow
 from collapse_guard.service.scoring import Scorer
@@ -71,7 +72,7 @@ def alias_of(source: str) -> str | None:
     return None
 
 
-def known_window(signals: Sequence[str], steps: int = 200) -> RunWindow:
+def known_window(signals: Sequence[str], steps: int = DEFAULT_WINDOW) -> RunWindow:
     """A fixed, healthy-looking window of every signal: the same numbers in every process."""
     t = np.arange(steps, dtype=np.float64)
     # a smooth, slightly different curve per signal: no randomness
