@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned, so the resolver takes the local CPU wheel instead of a CUDA build
 	$(BIN)/pip install -q -c requirements-pins.txt torch==2.13.0
-	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev]'
+	# the extras too: CI tests the transformers and Lightning integrations
+	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,hf,lightning]'
 	touch $(STAMP)
 
 install: $(STAMP)
