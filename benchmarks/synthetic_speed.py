@@ -4,7 +4,7 @@
 
 Writes into a fresh temporary folder (removed afterwards unless --keep), so every
 run is generated (nothing skipped). Prints the figure, the label agreement and (with
---calibration) how the first 500 runs compare with the real runs' reference
+--realism) how the first 500 runs compare with the real runs' reference
 (``collapse_guard/datasets/synthetic/real_reference.json``).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from collapse_guard.datasets.runfile import read_meta
 from collapse_guard.datasets.synthetic import generate_synthetic_runs, label_agreement
-from collapse_guard.datasets.synthetic.calibration import compare_to_reference
+from collapse_guard.datasets.synthetic.realism import compare_to_reference
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="write here and keep the runs")
     parser.add_argument(
-        "--calibration", action="store_true", help="compare with the real runs' reference"
+        "--realism", action="store_true", help="compare with the real runs' reference"
     )
     args = parser.parse_args()
 
@@ -49,7 +49,7 @@ def main() -> None:
             f"{args.n / elapsed:.1f} runs/s"
         )
         print(label_agreement(metas).summary())
-        if args.calibration:
+        if args.realism:
             report = compare_to_reference(paths[:500])
             print(report.table())
             print(report.summary().splitlines()[0])

@@ -1,5 +1,5 @@
 """The synthetic generator: determinism, signal layout, outcomes, spread, resumability,
-agreement with the label, and the calibration machinery."""
+agreement with the label, and the realism check against real runs."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from collapse_guard.datasets.runfile import RUN_COLUMNS, RunMeta, read_meta, wri
 from collapse_guard.datasets.synthetic import (
     KINDS,
     SamplerConfig,
-    calibration,
     compare_run_sets,
     dataset_spikes,
     generate_synthetic_runs,
     label_agreement,
     make_frame,
+    realism,
     sample_spec,
     synth_run,
 )
 from collapse_guard.datasets.synthetic.agreement import onset_agrees
-from collapse_guard.datasets.synthetic.calibration import RISE_CAP, ks_statistic, run_stats
+from collapse_guard.datasets.synthetic.realism import RISE_CAP, run_stats
 from collapse_guard.datasets.synthetic.spec import EXPECTED_LABEL_KIND, RecoveredSpike, RunSpec
 from collapse_guard.signals import SIGNALS
 
@@ -208,16 +208,38 @@ def test_bad_arguments_say_what_to_do(tmp_path):
         SamplerConfig(kind_weights={"meltdown": 1.0})
 
 
-def test_ks_statistic():
-    a = np.arange(10.0)
-    assert ks_statistic(a, a) == 0.0
-    assert ks_statistic(a, a + 100) == 1.0
-    assert math.isclose(ks_statistic(np.array([1.0, 2.0]), np.array([2.0, 3.0])), 0.5)
+def _ks_by_hand(a: np.ndarray, b: np.ndarray) -> float:
+    # the formula realism used before scipy: largest gap between the two ECDFs
+    a, b = np.sort(a), np.sort(b)
+    pooled = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, pooled, side="right") / a.size
+    cdf_b = np.searchsorted(b, pooled, side="right") / b.size
+    return float(np.max(np.abs(cdf_a - cdf_b)))
+
+
+def test_ks_in_the_report_is_the_two_sample_statistic():
+    """scipy's KS statistic in compare_stats equals the former hand-written ECDF gap."""
+    rng = np.random.default_rng(7)
+    bound = {"loss_level": realism.Bound("ratio", 1.15)}
+    cases = [
+        (np.arange(1.0, 11.0), np.arange(1.0, 11.0), 0.0),
+        (np.arange(1.0, 11.0), np.arange(101.0, 111.0), 1.0),
+        (np.array([1.0, 2.0] * 3), np.array([2.0, 3.0] * 3), 0.5),
+    ]
+    for _ in range(5):  # seeded samples of unequal sizes, with ties (rounded values)
+        a = np.round(rng.lognormal(0.8, 0.3, rng.integers(5, 80)), 1)
+        b = np.round(rng.lognormal(0.9, 0.4, rng.integers(5, 80)), 1)
+        cases.append((a, b, _ks_by_hand(a, b)))
+    for a, b, expected in cases:
+        report = realism.compare_stats(
+            pd.DataFrame({"loss_level": a}), pd.DataFrame({"loss_level": b}), bound
+        )
+        assert math.isclose(report.distances[0].ks, expected, abs_tol=1e-12), (a, b)
 
 
 @pytest.fixture(scope="module")
 def synthetic_sets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("calib")
+    root = tmp_path_factory.mktemp("realism")
     a = generate_synthetic_runs(30, root / "a", seed=101)
     b = generate_synthetic_runs(30, root / "b", seed=202)
     shifted = []
@@ -229,7 +251,7 @@ def synthetic_sets(tmp_path_factory):
     return a, b, shifted
 
 
-def test_calibration_passes_for_two_seeds_of_one_generator(synthetic_sets):
+def test_realism_passes_for_two_seeds_of_one_generator(synthetic_sets):
     a, b, _ = synthetic_sets
     report = compare_run_sets(a, b)
     assert report.passed, report.summary()
@@ -237,7 +259,7 @@ def test_calibration_passes_for_two_seeds_of_one_generator(synthetic_sets):
     assert {"loss_level", "loss_noise", "grad_norm_level", "collapse_share"} <= judged
 
 
-def test_calibration_fails_for_a_shifted_set(synthetic_sets):
+def test_realism_fails_for_a_shifted_set(synthetic_sets):
     a, _, shifted = synthetic_sets
     report = compare_run_sets(a, shifted)
     assert not report.passed
@@ -269,14 +291,14 @@ def test_reference_round_trip_and_cli(synthetic_sets, tmp_path, capsys):
     """The reference file keeps what the comparison needs: same verdict as the runs."""
     a, b, _ = synthetic_sets
     out = tmp_path / "ref.json"
-    assert calibration.main(["--real", str(a[0].parent), "--write-reference", str(out)]) == 0
+    assert realism.main(["--real", str(a[0].parent), "--write-reference", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
-    table, info = calibration.load_reference(out)
+    table, info = realism.load_reference(out)
     assert info["n_runs"] == len(a) == len(table)
-    assert info["stats_version"] == calibration.STATS_VERSION
+    assert info["stats_version"] == realism.STATS_VERSION
     assert info["command"].endswith("--write-reference")
     direct = compare_run_sets(a, b)
-    stored = calibration.compare_to_reference(b, out)
+    stored = realism.compare_to_reference(b, out)
     for d, s in zip(direct.distances, stored.distances, strict=True):
         assert d.n_a == s.n_a and d.passed == s.passed, d.name
         assert math.isclose(d.median_a, s.median_a, rel_tol=1e-3, abs_tol=1e-4), d.name
@@ -284,7 +306,7 @@ def test_reference_round_trip_and_cli(synthetic_sets, tmp_path, capsys):
     stale["stats_version"] = -1
     out.write_text(json.dumps(stale))
     with pytest.raises(ValueError, match="regenerate it"):
-        calibration.load_reference(out)
+        realism.load_reference(out)
 
 
 @pytest.fixture(scope="module")
@@ -292,42 +314,42 @@ def default_synthetic_stats(tmp_path_factory):
     """Per-run statistics of 120 synthetic runs drawn with the default sampler (~50
     collapses: enough to judge the drifts, a few seconds)."""
     paths = generate_synthetic_runs(120, tmp_path_factory.mktemp("default"), seed=0)
-    return calibration.stats_table(paths)
+    return realism.stats_table(paths)
 
 
 def test_reference_describes_the_real_runs():
-    table, info = calibration.load_reference()
+    table, info = realism.load_reference()
     assert info["source"]["generator"].startswith("collapse_guard.datasets.real")
     assert info["n_runs"] >= 50 and 0.2 <= info["n_collapsed"] / info["n_runs"] <= 0.6
     assert "--write-reference" in info["command"] and info["created"]
-    for name in calibration.STATS:  # every statistic is there, with enough runs to judge
-        assert table[name].notna().sum() >= calibration.MIN_RUNS, name
+    for name in realism.STATS:  # every statistic is there, with enough runs to judge
+        assert table[name].notna().sum() >= realism.MIN_RUNS, name
 
 
 def test_synthetic_matches_the_real_reference(default_synthetic_stats):
     """Issue 3: the default generator's per-run statistics sit within the stated bounds
-    (calibration.BOUNDS) of the real runs' (real_reference.json)."""
-    real, _ = calibration.load_reference()
-    report = calibration.compare_stats(real, default_synthetic_stats)
+    (realism.BOUNDS) of the real runs' (real_reference.json)."""
+    real, _ = realism.load_reference()
+    report = realism.compare_stats(real, default_synthetic_stats)
     print(report.table())
     assert report.passed, report.summary()
     judged = {d.name for d in report.distances if d.judged}
-    assert set(calibration.BOUNDS) <= judged, report.summary()
+    assert set(realism.BOUNDS) <= judged, report.summary()
 
 
 def test_reference_comparison_catches_a_drift(default_synthetic_stats, tmp_path):
     """The comparison is not a rubber stamp: the generator's old, too-quiet loss noise
     (0.02-0.08 nats, 2.5x under the real batch noise) and too-strong precursors fail."""
-    real, _ = calibration.load_reference()
+    real, _ = realism.load_reference()
     quiet = generate_synthetic_runs(
         80, tmp_path, seed=0, config=SamplerConfig(loss_noise=(0.02, 0.08))
     )
-    report = calibration.compare_stats(real, calibration.stats_table(quiet))
+    report = realism.compare_stats(real, realism.stats_table(quiet))
     assert "loss_noise" in report.failures, report.summary()
     strong = default_synthetic_stats.copy()
     strong["pre_logit_drift"] += 1.0  # a decade of logit growth before every onset
     strong["pre_entropy_drift"] -= 0.5
-    report = calibration.compare_stats(real, strong)
+    report = realism.compare_stats(real, strong)
     assert {"pre_logit_drift", "pre_entropy_drift"} <= set(report.failures), report.summary()
 
 
@@ -341,7 +363,7 @@ def test_synthetic_matches_real_run_files(tmp_path):
             "set COLLAPSE_GUARD_REAL_RUNS to a folder of real run files (collapse-guard data "
             "real --out DIR) to compare against them; the fast test uses real_reference.json"
         )
-    real_paths = calibration.real_run_files(folder)
+    real_paths = realism.real_run_files(folder)
     assert all(read_meta(p).source == "real" for p in real_paths)
     synth_paths = generate_synthetic_runs(200, tmp_path / "synth", seed=0, workers=2)
     report = compare_run_sets(real_paths, synth_paths)

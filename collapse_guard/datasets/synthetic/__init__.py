@@ -11,7 +11,7 @@ project's label and written as a run file (``source="synthetic"``)::
 Modules: ``spec`` (the recipe), ``sampler`` (the mix), ``shapes`` (schedule, ramps,
 spikes), ``traces`` (one builder per signal family), ``amp`` (GradScaler replay),
 ``frame`` (assembly: periods, divergence, gaps), ``generate`` (pool, label, files),
-``agreement`` (generator vs label), ``calibration`` (synthetic vs real statistics),
+``agreement`` (generator vs label), ``realism`` (synthetic vs real statistics),
 ``shortcuts`` (does anything separate synthetic collapses from healthy runs that
 should not: precursor rates and single-signal AUROC), ``cli`` (``collapse-guard data
 synth``).
@@ -33,7 +33,7 @@ __all__ = [
     "COLLAPSE_KINDS",
     "KINDS",
     "AgreementReport",
-    "CalibrationReport",
+    "RealismReport",
     "RunSpec",
     "SamplerConfig",
     "compare_run_sets",
@@ -47,14 +47,14 @@ __all__ = [
     "synth_run",
 ]
 
-# Loaded on first use, so that `python -m collapse_guard.datasets.synthetic.calibration`
+# Loaded on first use, so that `python -m collapse_guard.datasets.synthetic.realism`
 # runs the module fresh (no runpy warning about a module imported twice).
-_CALIBRATION = ("BOUNDS", "CalibrationReport", "compare_run_sets", "run_stats", "stats_table")
+_REALISM = ("BOUNDS", "RealismReport", "compare_run_sets", "run_stats", "stats_table")
 
 
 def __getattr__(name: str):
-    if name in _CALIBRATION:
-        from collapse_guard.datasets.synthetic import calibration
+    if name in _REALISM:
+        from collapse_guard.datasets.synthetic import realism
 
-        return getattr(calibration, name)
+        return getattr(realism, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ and sometimes present in healthy runs.
 The levels, noise and drifts are calibrated against the real runs of
 ``collapse_guard.datasets.real`` (small byte-level decoders, 700 steps): the test
 ``tests/datasets/test_synthetic.py::test_synthetic_matches_the_real_reference``
-compares per-run statistics with ``calibration.REFERENCE_PATH``. Run lengths are
+compares per-run statistics with ``realism.REFERENCE_PATH``. Run lengths are
 log-uniform from ``min_steps`` (the real regime) to ``max_steps`` (longer runs,
 where the precursor time scales of the literature, 100-300 steps, fit comfortably).
 """

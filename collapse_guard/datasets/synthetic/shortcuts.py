@@ -38,8 +38,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
-from collapse_guard.datasets.synthetic.calibration import SETTLE_FRAC
 from collapse_guard.datasets.synthetic.generate import synth_run
+from collapse_guard.datasets.synthetic.realism import SETTLE_FRAC
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, sample_spec
 
 __all__ = [
@@ -79,7 +79,7 @@ LOG_SIGNALS: tuple[str, ...] = (
 # Read but not bounded, each for a reason that holds in real runs too:
 EXEMPT: dict[str, str] = {
     "loss": "the label reads it: the window before onset holds the start of the rise "
-    "(calibration's pre_loss_drift keeps it at the real runs' size)",
+    "(realism's pre_loss_drift keeps it at the real runs' size)",
     "lr": "a cause, not a measured state: LR jumps and high LR cause real collapses, "
     "and the predictor's config-only baseline measures what the LR alone gives",
 }
@@ -159,7 +159,7 @@ BLOCK = WINDOW // 4  # a window's quarter: its statistics read the medians of fo
 def settled(n_steps: int) -> float:
     """First step a window may end at to count: after the warmup transients (the
     loss, gradient-norm and attention drops of the first steps) and a window's length
-    in, as calibration's statistics skip the first 20% of a run."""
+    in, as realism's statistics skip the first 20% of a run."""
     return max(WINDOW, SETTLE_FRAC * n_steps)
 
 

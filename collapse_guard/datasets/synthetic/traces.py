@@ -4,7 +4,7 @@ Each builder takes one :class:`Ctx` (the run's spec, steps, LR, unit shapes and 
 generator) and returns ``{signal name: array over every step}``; measurement periods,
 non-finite values after a divergence, AMP and gaps are applied afterwards in
 ``frame.py``. Healthy levels follow the small runs measured here (issue 3 and the real
-runs of ``collapse_guard.datasets.real``, see ``calibration.py``): a 1-3 layer byte-level
+runs of ``collapse_guard.datasets.real``, see ``realism.py``): a 1-3 layer byte-level
 decoder, loss from ln(256) to about 1.8-2.7 nats after warmup with a per-step batch
 noise of 0.1-0.2 nats, grad norm 0.2-1 (high during warmup), ``grad_cv`` 0.4-0.8 (over
 the seed's 0.45 most of the time), ``update_cos`` ~0.9 (Adam's momentum makes
