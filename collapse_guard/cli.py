@@ -4,24 +4,78 @@ Each part owns its sub-commands in its own ``cli`` module; this file only mounts
 so that the parts stay independent and ``collapse-guard --help`` stays fast: no command
 module imports torch, mlflow, lightgbm or bentoml before its command runs
 (``tests/test_command_line.py``).
+
+Errors. Every command's bad input (a damaged or foreign file, a missing model, too few
+runs; ``collapse_guard.errors.is_user_error``) ends here as one line on stderr and exit
+code 2, whichever command raised it; ``--debug`` shows the traceback instead. Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import click
 import typer
+from typer.core import TyperGroup
 
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
+from collapse_guard.errors import is_user_error
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.service.cli import serve_command
 
-__all__ = ["app"]
+__all__ = ["app", "print_error"]
+
+_DEBUG = "debug"  # the global option's parameter name
+
+
+def print_error(error: BaseException) -> None:
+    """``error: <message>`` as one line on stderr, however long (no wrapping)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    # one line: a message that carries line breaks (a library's) is joined, not cut
+    text = " ".join(str(error).split())
+    Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/] {escape(text)}")
+
+
+class _Commands(TyperGroup):
+    """The top-level group: a user error from any command, however deep, is caught here."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            if ctx.params.get(_DEBUG) or not is_user_error(error):
+                raise
+            print_error(error)
+            raise typer.Exit(2) from None
+
 
 app = typer.Typer(
+    cls=_Commands,
     help="Forecast and prevent training collapse.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="COLLAPSE_GUARD_DEBUG",
+            help="Show the full traceback of an input error instead of one line.",
+        ),
+    ] = False,
+) -> None:
+    """Forecast and prevent training collapse."""
+    # --debug is read from the context by _Commands.invoke
+
+
 app.add_typer(data_app, name="data", help="Make, import and summarise run files.")
 app.command(name="train", help="Train a risk model on run files and track it in MLflow.")(
     train_command

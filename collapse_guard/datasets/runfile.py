@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 
 from collapse_guard._config import reject_unknown_keys
 from collapse_guard._durable import fsync_dir
+from collapse_guard.errors import UserInputError
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "RunMeta",
     "RunWriter",
     "SchemaVersionError",
+    "UnreadableRunFile",
     "list_runs",
     "read_meta",
     "read_run",
@@ -100,7 +102,13 @@ class RunFileError(ValueError):
     """
 
 
-class SchemaVersionError(RunFileError):
+class UnreadableRunFile(RunFileError, UserInputError):
+    """A file given to be read as a run file is damaged, foreign or too new: bad input,
+    which the command line prints as one line (a writer's misuse stays a plain
+    :class:`RunFileError`, a bug in the calling code)."""
+
+
+class SchemaVersionError(UnreadableRunFile):
     """The file was written with a schema version this reader does not know."""
 
 
@@ -156,12 +164,12 @@ class RunMeta:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise RunFileError(
+            raise UnreadableRunFile(
                 f"{path}: the {META_KEY!r} metadata is not valid JSON ({exc}); "
                 "the file is damaged: regenerate or re-import the run"
             ) from None
         if not isinstance(data, dict):
-            raise RunFileError(f"{path}: the {META_KEY!r} metadata is not a JSON object")
+            raise UnreadableRunFile(f"{path}: the {META_KEY!r} metadata is not a JSON object")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -174,7 +182,7 @@ class RunMeta:
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
-            raise RunFileError(f"{path}: invalid run metadata: {exc}") from None
+            raise UnreadableRunFile(f"{path}: invalid run metadata: {exc}") from None
 
 
 def _json_default(value: Any) -> Any:
@@ -404,7 +412,7 @@ def _open(path: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        raise RunFileError(
+        raise UnreadableRunFile(
             f"{path}: not a readable Parquet run file ({exc}); it may be truncated or "
             "damaged: delete it and regenerate the run (a RunWriter never leaves a "
             "partial file behind, so this one was cut by something else)"
@@ -414,7 +422,7 @@ def _open(path: Path) -> pq.ParquetFile:
 def _meta_from_schema(path: Path, schema: pa.Schema) -> RunMeta:
     raw = (schema.metadata or {}).get(META_KEY.encode())
     if raw is None:
-        raise RunFileError(
+        raise UnreadableRunFile(
             f"{path}: Parquet file without {META_KEY!r} metadata: not a collapse-guard run "
             "file; convert training logs with `collapse-guard data import`"
         )
@@ -447,11 +455,11 @@ def read_run(path: str | os.PathLike) -> tuple[pd.DataFrame, RunMeta]:
     meta = _meta_from_schema(path, pfile.schema_arrow)
     present = [c for c in RUN_COLUMNS if c in pfile.schema_arrow.names]
     if "step" not in present:
-        raise RunFileError(f"{path}: run file has no 'step' column; the file is damaged")
+        raise UnreadableRunFile(f"{path}: run file has no 'step' column; the file is damaged")
     try:
         table = pfile.read(columns=present)
     except (pa.ArrowException, OSError) as exc:
-        raise RunFileError(
+        raise UnreadableRunFile(
             f"{path}: cannot read the run's columns ({exc}); the file is damaged: "
             "delete it and regenerate the run"
         ) from None

@@ -17,14 +17,15 @@ from typing import Annotated
 
 import typer
 
+from collapse_guard.errors import UserInputError
+
 __all__ = ["SERVICE", "serve_command", "serve_environment"]
 
 SERVICE = "collapse_guard.service.service:RiskService"
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+    raise UserInputError(message)  # one line and exit code 2 (collapse_guard.cli)
 
 
 def _number(text: str, name: str, kind: type, low: float, high: float | None = None) -> float:
@@ -59,7 +60,7 @@ def serve_command(
         str | None,
         typer.Option(
             "--model",
-            help="'default' (bundled), a model folder, or models:/collapse-predictor@champion.",
+            help="'default' (bundled), a model folder, 'champion' / '@ALIAS' or a models:/ URI.",
         ),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -78,14 +79,14 @@ def serve_command(
     port_n = int(_number(port, "--port", int, 1, 65535))
     workers_n = int(_number(workers, "--workers", int, 1, 64))
     poll_s = float(_number(poll, "--poll", float, 0))
-    if poll_s and not (model or "").startswith("models:/"):
-        _fail(f"--poll needs a models:/NAME@ALIAS model to watch; got --model {model!r}")
-    from collapse_guard.service.model_state import ModelLoadError, load_serving
+    from collapse_guard.predictor.model_source import resolve_model_source
 
-    try:
-        serving = load_serving(model)
-    except ModelLoadError as error:
-        _fail(str(error))
+    given, model = model, resolve_model_source(model)  # 'champion' -> models:/...@champion
+    if poll_s and not (model or "").startswith("models:/"):
+        _fail(f"--poll needs a models:/NAME@ALIAS model to watch; got --model {given!r}")
+    from collapse_guard.service.model_state import load_serving
+
+    serving = load_serving(model)  # a ModelLoadError is one line (collapse_guard.cli)
     typer.echo(
         f"serving {serving.scorer.name} {serving.version} ({serving.source}) on "
         f"http://{host}:{port_n} with {workers_n} worker(s)",

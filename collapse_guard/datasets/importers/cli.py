@@ -67,11 +67,31 @@ def import_logs_command(
         console.print(f"skipped {n} {fmt} files without a training-loss curve")
     if report.too_short:
         console.print(f"skipped {report.too_short} runs with fewer than 2 logged steps")
+    if not report.runs:
+        raise _nothing_imported(paths, n_files)
     collapses = ", ".join(f"{kind}: {n}" for kind, n in report.collapses.most_common())
     console.print(
         f"{len(report.runs)} runs in {out} ({report.written} written, {report.existing} already "
         f"there); collapses: {sum(report.collapses.values())} ({collapses or 'none'}); "
         f"spikes: {report.spikes} in {report.runs_with_spikes} runs"
+    )
+
+
+def _nothing_imported(paths: list[Path], n_files: int) -> Exception:
+    """The error for an import that found no run: what was given, and what is recognised
+    (each format's own description, so the list cannot fall behind the importers)."""
+    from collapse_guard.datasets.importers.core import FORMATS
+    from collapse_guard.errors import UserInputError
+
+    recognised = "; ".join(
+        f"{fmt.NAME}: " + fmt.sniff.__doc__.strip().split("\n")[0].replace("``", "").rstrip(".")
+        for fmt in FORMATS
+    )
+    given = ", ".join(map(str, paths))
+    found = f"{n_files} files, no training-loss curve of 2 or more steps" if n_files else "no files"
+    return UserInputError(
+        f"nothing to import from {given}: {found}",
+        f"expected training logs; recognised: {recognised}",
     )
 
 

@@ -1,0 +1,107 @@
+"""What a user may pass as ``--model``, and loading it with errors a user can act on.
+
+=============================  ===============================================
+``--model``                    means
+=============================  ===============================================
+omitted, ``default``           the model bundled in the package
+``champion``, ``@ALIAS``       ``models:/collapse-predictor@ALIAS`` (registry)
+``models:/...``, ``runs:/...``  that MLflow model
+anything else                  a model folder (``RiskModel.save``)
+=============================  ===============================================
+
+A registry model is read from the tracking store, which must exist: a SQLite store that is
+not there is an error naming it, never a new empty database (MLflow creates one on first
+use, and the user would then read "model not found" about a store they never meant).
+
+Nothing heavy is imported here: lightgbm and mlflow load with the model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from collapse_guard.errors import UserInputError
+
+__all__ = ["MODEL_HELP", "load_risk_model", "require_tracking_store", "resolve_model_source"]
+
+_FORMS = (
+    "omitted or 'default' = the bundled model; 'champion' or '@ALIAS' = "
+    "models:/collapse-predictor@ALIAS in the MLflow registry; a models:/ or runs:/ URI; "
+    "a model folder"
+)
+MODEL_HELP = f"Model: {_FORMS}."
+_DEFAULT = "default"
+_CHAMPION = "champion"
+_REGISTRY_SCHEMES = ("models:/", "runs:/")
+# The store when MLFLOW_TRACKING_URI is unset: predictor.registry.tracking_uri's default,
+# which that function creates on use (right for `train`, wrong for a read).
+_DEFAULT_STORE = Path("mlruns") / "mlflow.db"
+
+
+def resolve_model_source(text: str | None) -> str | None:
+    """``--model`` as ``RiskModel.load`` takes it: None for the bundled model, a registry
+    URI for the shorthands, anything else unchanged (a folder named ``champion`` wins).
+
+    A registry model's tracking store must exist (:func:`require_tracking_store`).
+    """
+    if text is None or text == _DEFAULT:
+        return None
+    source = text
+    if text.startswith("@") or (text == _CHAMPION and not Path(text).exists()):
+        from collapse_guard.predictor.risk import MODEL_NAME
+
+        alias = text.removeprefix("@")
+        if not alias:
+            raise UserInputError("--model '@' names no alias", "write e.g. '@champion'")
+        source = f"models:/{MODEL_NAME}@{alias}"
+    if source.startswith(_REGISTRY_SCHEMES):
+        require_tracking_store()
+    return source
+
+
+def require_tracking_store() -> None:
+    """Raise :class:`UserInputError` unless the tracking store (a SQLite file) exists.
+
+    Server stores (http://, postgresql://, ...) are left to MLflow: only it can reach them.
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None:
+        database, named = Path.cwd() / _DEFAULT_STORE, f"the default store ./{_DEFAULT_STORE}"
+    elif uri.startswith("sqlite:///"):
+        database, named = Path(uri.removeprefix("sqlite:///")), f"MLFLOW_TRACKING_URI={uri}"
+    else:
+        return
+    if not database.is_file():
+        raise UserInputError(
+            f"no MLflow tracking store: {named} does not exist ({database})",
+            "train and register a model first (`collapse-guard train --runs DIR`), run from "
+            "the folder that holds mlruns/, or set MLFLOW_TRACKING_URI to your store",
+        )
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What RiskModel.load raises for a model that is missing, damaged or foreign."""
+    import lightgbm
+
+    errors: tuple[type[BaseException], ...] = (
+        OSError,  # no such folder or file
+        ValueError,  # registry: not found; damaged JSON; ModelFormatError
+        KeyError,  # a risk_model.json without a required entry
+        lightgbm.basic.LightGBMError,  # a damaged model.txt
+    )
+    mlflow = sys.modules.get("mlflow.exceptions")  # loaded only for a registry model
+    return (*errors, mlflow.MlflowException) if mlflow else errors
+
+
+def load_risk_model(text: str | None):
+    """The model ``--model text`` names; a missing, damaged or foreign one, or a missing
+    tracking store, is a :class:`UserInputError` that names it."""
+    from collapse_guard.predictor.risk import RiskModel
+
+    source = resolve_model_source(text)
+    try:
+        return RiskModel.load(source)
+    except _load_errors() as error:
+        raise UserInputError(f"--model {text}: {error}", f"--model takes: {_FORMS}") from error
