@@ -1,0 +1,12 @@
+"""The guard inside training frameworks that own the optimizer step.
+
+- :mod:`collapse_guard.integrations.huggingface`: ``GuardCallback``, a transformers
+  ``TrainerCallback`` (extra ``hf``);
+- :mod:`collapse_guard.integrations.lightning`: ``GuardCallback``, a Lightning
+  ``Callback`` (extra ``lightning``).
+
+Each module imports its framework when it is imported itself, never from here, so
+``collapse_guard`` and this package import without either framework installed.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,112 @@
+"""Lightning's ``Trainer`` under the guard: one callback (extra ``lightning``).
+
+>>> from collapse_guard.integrations.lightning import GuardCallback
+>>> guard_callback = GuardCallback(checkpoint_dir="guard")        # Guard's keywords
+>>> trainer = L.Trainer(max_steps=1000, callbacks=[guard_callback])
+>>> trainer.fit(module, loader)          # guard_callback.guard: the Guard of this fit
+
+How it sits in Lightning's step (2.x; the optimizer exists from ``on_fit_start``)::
+
+    optimizer.step(closure)   Lightning's call, now the guard's:
+      closure()               training_step, backward (on_before_backward gives the
+                              loss: summed over accumulated batches, each already
+                              divided by accumulate_grad_batches), on_before_optimizer_step
+      (clipping)              off: gradient_clip_val becomes the guard's clip
+      guard.step(loss)        measure, decide, clip, LR multiplier, the optimizer's own
+                              step or a skip, rollback, run file
+
+Automatic and manual optimization both end in that call. One optimizer per module;
+``precision="16-mixed"`` (a ``GradScaler``) is refused: use ``"bf16-mixed"`` or 32.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:
+    from lightning.pytorch import Callback
+except ImportError as error:  # the extra is optional; say which one
+    raise ImportError(
+        "collapse_guard.integrations.lightning needs Lightning: "
+        "pip install 'collapse-guard[lightning]'"
+    ) from error
+
+from collapse_guard.guard import Guard
+from collapse_guard.integrations._owned_step import OwnedStep, policy_with_clip
+
+__all__ = ["GuardCallback"]
+
+
+class GuardCallback(Callback):
+    """Runs a :class:`~collapse_guard.guard.Guard` in ``Trainer.fit()``.
+
+    Args:
+        checkpoint_dir: the guard's folder (checkpoint ring, run file, forensics).
+        **guard_kwargs: any other keyword of :class:`~collapse_guard.guard.Guard`
+            (``risk``, ``config``, ``probe_config``, ``run_id``, ...).
+
+    ``guard`` is the fit's Guard from ``on_fit_start`` on.
+    """
+
+    def __init__(
+        self, checkpoint_dir: str | os.PathLike = "guard-checkpoints", **guard_kwargs: Any
+    ) -> None:
+        if "scaler" in guard_kwargs:
+            raise ValueError(
+                "GuardCallback takes no scaler: Lightning's 16-mixed precision owns its "
+                "GradScaler, which the callback does not support; use bf16-mixed or 32"
+            )
+        self.checkpoint_dir = checkpoint_dir
+        self.guard_kwargs = guard_kwargs
+        self.guard: Guard | None = None
+        self._step: OwnedStep | None = None
+        self._loss: torch.Tensor | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._release()  # a second fit() gets a guard of its own
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise ValueError(
+                "GuardCallback does not support precision='16-mixed' (its GradScaler steps "
+                "the optimizer); use 'bf16-mixed' or 32"
+            )
+        if len(trainer.optimizers) != 1:
+            raise ValueError(
+                f"GuardCallback guards one optimizer; configure_optimizers gave "
+                f"{len(trainer.optimizers)}"
+            )
+        bound = trainer.gradient_clip_val
+        if bound and trainer.gradient_clip_algorithm not in (None, "norm"):  # None: norm
+            raise ValueError(
+                f"the guard clips by global norm; got gradient_clip_algorithm="
+                f"{trainer.gradient_clip_algorithm!r}: set gradient_clip_val=None and "
+                "GuardCallback(config={'clip': ...})"
+            )
+        kwargs = dict(self.guard_kwargs)
+        config = policy_with_clip(kwargs.pop("config", None), bound, "gradient_clip_val")
+        trainer.gradient_clip_val = None  # the guard clips, after it measured the raw norm
+        optimizer = trainer.optimizers[0]
+        self.guard = Guard(pl_module, optimizer, self.checkpoint_dir, config=config, **kwargs)
+        self._step = OwnedStep(optimizer, self.guard, self._take_loss)
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        part = loss.detach().float()
+        self._loss = part if self._loss is None else self._loss + part
+
+    def _take_loss(self) -> torch.Tensor | None:
+        loss, self._loss = self._loss, None
+        return loss
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def _release(self) -> None:
+        """The optimizer's step back, the run file closed (``guard`` stays readable)."""
+        if self._step is not None:
+            self._step.remove()
+            self._step = None
+        if self.guard is not None:
+            self.guard.close()

@@ -1,0 +1,121 @@
+"""The transformers callback on a real Trainer: a tiny random GPT-2, forced actions, CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate")  # the Trainer refuses to start without it
+transformers = pytest.importorskip("transformers")
+
+from collapse_guard.datasets.runfile import read_run  # noqa: E402
+from collapse_guard.integrations.huggingface import GuardCallback  # noqa: E402
+
+VOCAB, SEQ = 64, 16
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Seeded random token rows, each its own labels (causal LM)."""
+
+    def __init__(self, rows: int = 64, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (rows, SEQ), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+class Drill(transformers.TrainerCallback):
+    """Forces the guard's action at chosen optimizer steps; parameters around every step."""
+
+    def __init__(self, guarded: GuardCallback, actions: dict[int, str]) -> None:
+        self.guarded, self.actions = guarded, actions
+        self.before: dict[int, list[torch.Tensor]] = {}
+        self.after: dict[int, list[torch.Tensor]] = {}
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.before[state.global_step] = snapshot(model)
+        if state.global_step in self.actions:
+            self.guarded.guard.force_next(self.actions[state.global_step])
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.after[state.global_step - 1] = snapshot(model)
+
+
+def train(tmp_path, actions: dict[int, str], steps: int, config=None, **overrides):
+    torch.manual_seed(0)
+    config_2 = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32
+    )
+    model = transformers.GPT2LMHeadModel(config_2)
+    guarded = GuardCallback(tmp_path / "guard", risk="off", config=config, preflight=False)
+    drill = Drill(guarded, actions)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        report_to=[],
+        use_cpu=True,
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        **overrides,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(), callbacks=[guarded, drill]
+    )
+    trainer.train()
+    return trainer, guarded.guard, drill
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")  # constant LR: no warmup
+def test_a_forced_skip_leaves_the_parameters_and_the_run_file_records_it(tmp_path):
+    trainer, guard, drill = train(
+        tmp_path, {3: "skip"}, steps=6, gradient_accumulation_steps=2, max_grad_norm=0.5
+    )
+    assert same(drill.before[3], drill.after[3])  # the update was not applied
+    assert not same(drill.before[2], drill.after[2])  # the others were
+    frame, meta = read_run(guard.run_path)
+    assert meta.source == "guarded" and len(frame) == 6
+    assert list(frame["event"]) == ["", "", "", "skip:forced", "", ""]
+    assert meta.extra["guard"]["skipped"] == 1
+    # the step's loss is the Trainer's: 2 accumulated micro-batches, as it logs them
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert frame["loss"].tolist() == pytest.approx(logged, rel=1e-3)
+    # the Trainer's clipping became the guard's, and is the Trainer's again after
+    assert guard.policy.clip == 0.5 and trainer.args.max_grad_norm == 0.5
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
+    actions = {1: "checkpoint", 2: "checkpoint", 4: "rescue"}
+    config = {"skip_batches": 2, "rescue_lr": 0.5}
+    _, guard, drill = train(tmp_path, actions, steps=9, config=config)
+    # the rollback: the mean of the two checkpoints (the parameters after steps 1 and 2)
+    for got, a, b in zip(drill.after[4], drill.after[1], drill.after[2], strict=True):
+        torch.testing.assert_close(got, (a + b) / 2)
+    assert same(drill.before[5], drill.after[6])  # the next two batches: no update
+    assert not same(drill.before[7], drill.after[7])
+    frame, meta = read_run(guard.run_path)
+    assert frame["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]  # skipped batches are not steps
+    events = frame["event"].iloc[4].split(";")
+    assert events[0] == "rescue:forced" and any(e.startswith("rollback:avg2@") for e in events)
+    assert "skip_batches:2" in events
+    assert frame["lr"].iloc[3] == pytest.approx(1e-3)
+    assert frame["lr"].iloc[5] == pytest.approx(5e-4)  # 1e-3 x the rescue's 0.5
+    assert meta.extra["guard"]["rescues"] == 1
+    assert (guard.folder / "forensics").is_dir()

@@ -1,0 +1,125 @@
+"""The Lightning callback on a real Trainer: a tiny seeded module, forced actions, CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+L = pytest.importorskip("lightning.pytorch")
+
+from collapse_guard.datasets.runfile import read_run  # noqa: E402
+from collapse_guard.integrations.lightning import GuardCallback  # noqa: E402
+
+
+class Regression(L.LightningModule):
+    """A 2-layer MLP on seeded noisy linear targets; keeps every batch's loss."""
+
+    def __init__(self, lr: float = 1e-2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+        self.lr = lr
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def loader(rows: int = 256, batch: int = 8) -> torch.utils.data.DataLoader:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 8, generator=generator)
+    y = x @ torch.randn(8, 1, generator=generator) + 0.1 * torch.randn(rows, 1, generator=generator)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
+
+
+def snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+class Drill(L.Callback):
+    """Forces the guard's action at chosen batches; parameters around every batch."""
+
+    def __init__(self, guarded: GuardCallback, actions: dict[int, str]) -> None:
+        self.guarded, self.actions = guarded, actions
+        self.before: dict[int, list[torch.Tensor]] = {}
+        self.after: dict[int, list[torch.Tensor]] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.before[batch_idx] = snapshot(pl_module)
+        if batch_idx in self.actions:
+            self.guarded.guard.force_next(self.actions[batch_idx])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.after[batch_idx] = snapshot(pl_module)
+
+
+def fit(tmp_path, actions: dict[int, str], batches: int, config=None, **overrides):
+    module = Regression()
+    guarded = GuardCallback(tmp_path / "guard", risk="off", config=config, preflight=False)
+    drill = Drill(guarded, actions)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=batches // overrides.get("accumulate_grad_batches", 1),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[guarded, drill],
+        **overrides,
+    )
+    trainer.fit(module, loader())
+    return trainer, module, guarded.guard, drill
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")  # constant LR: no warmup
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_a_forced_skip_leaves_the_parameters_and_the_run_file_records_it(tmp_path):
+    # 2 batches a step: step 3 is batches 6 and 7; its action is set before batch 7's step
+    trainer, module, guard, drill = fit(
+        tmp_path, {7: "skip"}, batches=12, accumulate_grad_batches=2, gradient_clip_val=0.5
+    )
+    assert same(drill.before[6], drill.after[7])  # the update was not applied
+    assert not same(drill.before[4], drill.after[5])  # the others were
+    frame, meta = read_run(guard.run_path)
+    assert meta.source == "guarded" and len(frame) == 6
+    assert list(frame["event"]) == ["", "", "", "skip:forced", "", ""]
+    assert meta.extra["guard"]["skipped"] == 1
+    # a step's loss is the mean of its two batches' (each given to backward halved)
+    pairs = torch.tensor(module.losses).reshape(6, 2).mean(dim=1)
+    assert frame["loss"].tolist() == pytest.approx(pairs.tolist(), rel=1e-5)
+    # Lightning's clipping became the guard's
+    assert guard.policy.clip == 0.5 and trainer.gradient_clip_val is None
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
+    actions = {1: "checkpoint", 2: "checkpoint", 4: "rescue"}
+    config = {"skip_batches": 2, "rescue_lr": 0.5}
+    _, _, guard, drill = fit(tmp_path, actions, batches=9, config=config)
+    # the rollback: the mean of the two checkpoints (the parameters after batches 1 and 2)
+    for got, a, b in zip(drill.after[4], drill.after[1], drill.after[2], strict=True):
+        torch.testing.assert_close(got, (a + b) / 2)
+    assert same(drill.before[5], drill.after[6])  # the next two batches: no update
+    assert not same(drill.before[7], drill.after[7])
+    frame, meta = read_run(guard.run_path)
+    assert frame["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]  # skipped batches are not steps
+    events = frame["event"].iloc[4].split(";")
+    assert events[0] == "rescue:forced" and any(e.startswith("rollback:avg2@") for e in events)
+    assert "skip_batches:2" in events
+    assert frame["lr"].iloc[3] == pytest.approx(1e-2)
+    assert frame["lr"].iloc[5] == pytest.approx(5e-3)  # 1e-2 x the rescue's 0.5
+    assert meta.extra["guard"]["rescues"] == 1
