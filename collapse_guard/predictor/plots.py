@@ -15,6 +15,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from sklearn.calibration import calibration_curve
+from sklearn.metrics import brier_score_loss, precision_recall_curve
+
+from collapse_guard.datasets.label import HORIZON, MIN_LEAD
 
 __all__ = [
     "baseline_table",
@@ -61,17 +65,16 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _precision_recall(y: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    # sklearn would do, but a curve from sorted scores keeps this module numpy-only and
-    # handles a binary baseline (two distinct scores) the same way as a probability.
+    """(precision, recall) at every distinct score, recall falling; empty without positives.
+
+    Steps with no finite score (no opinion yet, a blow-up) are left out of the curve.
+    """
     keep = np.isfinite(score)
-    y, score = y[keep].astype(float), score[keep]
-    order = np.argsort(-score, kind="stable")
-    y, score = y[order], score[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(score)), len(score) - 1]
-    tp = np.cumsum(y)[last_of_tie]
-    fp = (last_of_tie + 1) - tp
-    positives = max(y.sum(), 1.0)
-    return tp / np.maximum(tp + fp, 1.0), tp / positives
+    y, score = y[keep], score[keep]
+    if not np.any(y):  # no collapse to recall: no curve (sklearn would warn and invent one)
+        return np.empty(0), np.empty(0)
+    precision, recall, _ = precision_recall_curve(y, score)
+    return precision, recall
 
 
 def pr_curve(
@@ -87,6 +90,8 @@ def pr_curve(
     fig, (ax,) = _figure(6.0, 4.5)
     for name, score in {"model": p, **(baselines or {})}.items():
         precision, recall = _precision_recall(y, np.asarray(score, dtype=float))
+        # recall falls along the arrays: "post" holds each precision down to the next
+        # lower recall, the steps that average precision sums (as sklearn draws them)
         ax.step(recall, precision, where="post", label=name, lw=2.2 if name == "model" else 1.2)
     ax.axhline(y.mean() if len(y) else 0.0, color="grey", ls=":", lw=1, label="base rate")
     ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
@@ -98,24 +103,27 @@ def pr_curve(
 def reliability_diagram(
     y_true: Sequence[int], p: Sequence[float], path: str | Path, *, bins: int = 10
 ) -> Path:
-    """Observed collapse frequency against predicted probability, with the count per bin."""
-    y, p = np.asarray(y_true, dtype=float), np.asarray(p, dtype=float)
-    # Quantile bins: probabilities of a rare event pile up near 0, so equal-width bins
-    # would leave the upper range empty and say nothing about it.
-    edges = np.unique(np.quantile(p, np.linspace(0, 1, bins + 1))) if len(p) else np.array([0, 1])
-    which = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, max(len(edges) - 2, 0))
-    mean_p = np.array([p[which == b].mean() for b in range(len(edges) - 1) if (which == b).any()])
-    freq = np.array([y[which == b].mean() for b in range(len(edges) - 1) if (which == b).any()])
-    count = np.array([(which == b).sum() for b in range(len(edges) - 1) if (which == b).any()])
-    brier = float(np.mean((p - y) ** 2)) if len(p) else math.nan
+    """Observed collapse frequency against predicted probability, and how many steps got which."""
+    y = np.asarray(y_true, dtype=float)
+    # no opinion yet (NaN, before the first full window) counts as probability 0, as in
+    # the evaluation's Brier score (evaluation.events.row_metrics)
+    p = np.clip(np.nan_to_num(np.asarray(p, dtype=float), nan=0.0), 0.0, 1.0)
+    freq = mean_p = np.empty(0)
+    brier = math.nan
+    if len(p):
+        # Quantile bins: probabilities of a rare event pile up near 0, so equal-width bins
+        # would leave the upper range empty and say nothing about it.
+        freq, mean_p = calibration_curve(y, p, n_bins=bins, strategy="quantile", pos_label=1)
+        brier = float(brier_score_loss(y, p, pos_label=1))
     fig, (ax, hist) = _figure(5.5, 6.0, rows=2, height_ratios=(3, 1), sharex=True)
     ax.plot([0, 1], [0, 1], color="grey", ls=":", lw=1, label="perfect calibration")
     ax.plot(mean_p, freq, "o-", label=f"model (Brier {brier:.4f})")
     ax.set(ylabel="observed frequency", xlim=(0, 1), ylim=(0, 1), title="Reliability")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
-    hist.bar(mean_p, count, width=0.02, color="#4070c0")
-    hist.set(xlabel="predicted probability", ylabel="steps", yscale="log")
+    hist.hist(p, bins=np.linspace(0, 1, 51), color="#4070c0")
+    # a log axis shows the rare high probabilities beside the many low ones (none: no axis)
+    hist.set(xlabel="predicted probability", ylabel="steps", yscale="log" if len(p) else "linear")
     return _save(fig, path)
 
 
@@ -123,8 +131,8 @@ def lead_time_histogram(
     lead_times: Mapping[str, Sequence[float]] | Sequence[float],
     path: str | Path,
     *,
-    horizon: int = 200,
-    min_lead: int = 10,
+    horizon: int = HORIZON,
+    min_lead: int = MIN_LEAD,
 ) -> Path:
     """Lead times (onset minus first alarm) of caught collapses, per scorer if a mapping."""
     series = lead_times if isinstance(lead_times, Mapping) else {"model": lead_times}

@@ -68,3 +68,41 @@ def test_run_risk_plot_marks_onset_and_alarms(tmp_path):
         frame, risk, tmp_path / "run.png", thresholds=thresholds, onset_step=850, title="r"
     )
     _check_png(path, min_kb=20)
+
+
+def _former_precision_recall(y, score):
+    # the curve plots drew before scikit-learn: one point per distinct score, highest first
+    keep = np.isfinite(score)
+    y, score = y[keep].astype(float), score[keep]
+    order = np.argsort(-score, kind="stable")
+    y, score = y[order], score[order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(score)), len(score) - 1]
+    tp = np.cumsum(y)[last_of_tie]
+    return tp / (last_of_tie + 1), tp / y.sum()
+
+
+def test_pr_curve_points_are_the_former_ones(scored):
+    """sklearn's precision_recall_curve gives the same points (plus its (recall 0,
+    precision 1) end), with ties, a binary rule and unscored steps left out."""
+    y, p = scored
+    tied = np.round(p, 2)
+    unscored = np.where(np.arange(len(p)) % 7 == 0, np.nan, p)
+    for score in (p, tied, (p > 0.5).astype(float), unscored):
+        precision, recall = plots._precision_recall(y, score)
+        former_precision, former_recall = _former_precision_recall(y, score)
+        np.testing.assert_allclose(precision[:-1][::-1], former_precision, rtol=1e-12)
+        np.testing.assert_allclose(recall[:-1][::-1], former_recall, rtol=1e-12)
+        assert (precision[-1], recall[-1]) == (1.0, 0.0)
+
+
+def test_pr_curve_without_collapses_draws_no_curve(tmp_path):
+    y = np.zeros(100, int)
+    assert plots._precision_recall(y, np.linspace(0, 1, 100))[0].size == 0
+    _check_png(plots.pr_curve(y, np.linspace(0, 1, 100), tmp_path / "pr.png"), min_kb=4)
+
+
+def test_reliability_diagram_takes_unscored_steps_and_no_steps(tmp_path, scored):
+    y, p = scored
+    with_nan = np.where(np.arange(len(p)) % 5 == 0, np.nan, p)  # before the first full window
+    _check_png(plots.reliability_diagram(y, with_nan, tmp_path / "nan.png"))
+    _check_png(plots.reliability_diagram([], [], tmp_path / "empty.png"), min_kb=4)
