@@ -70,7 +70,10 @@ CONTEXT_SIGNALS: tuple[str, ...] = (
 )
 TRACKED: tuple[str, ...] = CONTEXT_SIGNALS[1:]
 
-EARLY_STEPS = 200  # the run's first 200 steps (one window) give its early levels
+# The run's first steps that give its early levels: a default window's worth, but a
+# constant of the feature version, not the extractor's window: a model's context
+# features must not move with the window a user picks.
+EARLY_STEPS = 200
 SHORT_SPAN = 10  # steps; "now", as the window's short EWMA
 LONG_SPAN = 1000  # steps; five windows: the run's long-run level
 LOSS_SMOOTH_STEPS = 10.0  # time constant of the loss's smoothing, as the label's

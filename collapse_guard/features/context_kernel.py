@@ -176,7 +176,7 @@ def advance(run, tracks, early, decay, steps, values, ends, out):
             if not math.isfinite(v):  # an infinity would stay in the averages for good
                 continue
             n = tracks[c, _NEARLY]
-            if early_row and n < _EARLY:  # (steps are unique integers: n < 200 anyway)
+            if early_row and n < _EARLY:  # (steps are unique integers: n < EARLY_STEPS anyway)
                 early[c, int(n)] = v
                 tracks[c, _NEARLY] = n + 1.0
             if math.isnan(tracks[c, _TLAST]):

@@ -40,9 +40,9 @@ from collapse_guard.signals import SIGNAL_NAMES, signal
 
 __all__ = ["DEFAULT_WINDOW", "FeatureExtractor"]
 
-DEFAULT_WINDOW = (
-    200  # steps; the horizon is 200 too, so the model sees as far back as it looks ahead
-)
+# Steps in a feature window. As long as the horizon (datasets.label.HORIZON) by choice:
+# the model sees as far back as it looks ahead.
+DEFAULT_WINDOW = 200
 
 # Windows per kernel call in batch mode. One block's grid, 26 signals x (128 + 199)
 # steps x 8 bytes = 68 KB, is all a block copies (the dense grid of a whole run never

@@ -41,6 +41,7 @@ from scipy.stats import rankdata
 from collapse_guard.datasets.synthetic.generate import synth_run
 from collapse_guard.datasets.synthetic.realism import SETTLE_FRAC
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, sample_spec
+from collapse_guard.features import DEFAULT_WINDOW
 
 __all__ = [
     "BLOCK",
@@ -64,7 +65,7 @@ __all__ = [
     "window_stats",
 ]
 
-WINDOW = 200  # DESIGN.md: features read the last 200 steps
+WINDOW = DEFAULT_WINDOW  # what the predictor's features read of a run: its last steps
 # Signals whose level depends on the model's size or family (DESIGN.md "scale-free"):
 # their statistics are taken on log10, so a constant factor drops out.
 LOG_SIGNALS: tuple[str, ...] = (

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON
+from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.evaluation.events import MIN_LEAD
 from collapse_guard.predictor.evaluation.groups import cause_of, kind_of
 from collapse_guard.signals import SIGNALS
@@ -40,7 +41,7 @@ __all__ = [
     "signal_families",
 ]
 
-REFERENCE_STEPS = 200  # W: the feature window; the healthy range is taken over these steps
+REFERENCE_STEPS = DEFAULT_WINDOW  # W: the healthy range is taken over one feature window
 DEPARTURE_STD = 4.0  # a signal departs when beyond mean +- (at least) this many std
 CONTROL_RATE = 0.05  # most healthy runs a signal may "depart" on (sets its multiple)
 MIN_REFERENCE_POINTS = 5  # measurements a signal needs to define its healthy range
