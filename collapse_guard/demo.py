@@ -179,6 +179,8 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from collapse_guard.datasets.label import HORIZON
+
     fig, (top, mid, low) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     colors = {"unguarded": "tab:red", "guarded": "tab:blue"}
     for run in runs:
@@ -207,7 +209,7 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
     top.set(ylabel="training loss", title=f"collapse-guard demo: {title}")
     top.legend(loc="upper left")
     mid.set(ylabel="LR in force")
-    low.set(xlabel="step", ylabel="P(collapse in 200 steps)", ylim=(0, 1))
+    low.set(xlabel="step", ylabel=f"P(collapse in {HORIZON} steps)", ylim=(0, 1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
