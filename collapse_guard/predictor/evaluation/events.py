@@ -5,7 +5,7 @@ into alarms, and consecutive alarmed steps are one alarm episode. Then, with H t
 horizon (DESIGN.md "Predictor"):
 
 - a collapse is *caught* when the first alarmed step in the H steps before onset,
-  [onset - H, onset), comes at least ``min_lead`` (10) steps before onset. An episode
+  [onset - H, onset), comes at least ``min_lead`` (``MIN_LEAD``) steps before onset. An episode
   already running when that stretch begins counts from its first step inside it: the
   user is being warned then;
 - its *lead time* is onset minus that first alarmed step;
