@@ -25,7 +25,7 @@ from collapse_guard.errors import is_user_error
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.service.cli import serve_command
 
-__all__ = ["app", "print_error"]
+__all__ = ["ErrorHandlingGroup", "app", "print_error"]
 
 _DEBUG = "debug"  # the global option's parameter name
 
@@ -40,7 +40,7 @@ def print_error(error: BaseException) -> None:
     Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/] {escape(text)}")
 
 
-class _Commands(TyperGroup):
+class ErrorHandlingGroup(TyperGroup):
     """The top-level group: a user error from any command, however deep, is caught here."""
 
     def invoke(self, ctx: click.Context):
@@ -54,7 +54,7 @@ class _Commands(TyperGroup):
 
 
 app = typer.Typer(
-    cls=_Commands,
+    cls=ErrorHandlingGroup,
     help="Forecast and prevent training collapse.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -73,7 +73,7 @@ def _options(
     ] = False,
 ) -> None:
     """Forecast and prevent training collapse."""
-    # --debug is read from the context by _Commands.invoke
+    # --debug is read from the context by ErrorHandlingGroup.invoke
 
 
 app.add_typer(data_app, name="data", help="Make, import and summarise run files.")

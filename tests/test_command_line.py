@@ -1,16 +1,24 @@
-"""The ``collapse-guard`` command: every sub-command mounted, a fast start, a working demo."""
+"""The ``collapse-guard`` command: every sub-command mounted, a fast start, a working demo,
+and bad input as one line with exit code 2 from every command (a bug keeps its traceback)."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
 from typer.testing import CliRunner
 
-from collapse_guard.cli import app
+from collapse_guard.cli import ErrorHandlingGroup, app
+from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
+from collapse_guard.datasets.synthetic.sampler import SamplerConfig
 
 # Heavy dependencies that only a command's own run may import (DESIGN.md: extras).
 _HEAVY = ("torch", "mlflow", "lightgbm", "bentoml")
@@ -57,3 +65,137 @@ def test_demo_trains_both_runs_prints_the_table_and_writes_the_plot(tmp_path):
     assert "checkpoint" in rows["guarded"][4]  # its first healthy step wrote one
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert len(list((tmp_path / "guarded").glob("run-*.parquet"))) == 1
+
+
+# ---------------------------------------------------------------- bad input: one line
+
+_SHORT = SamplerConfig(min_steps=600, max_steps=1200)  # short runs: seconds to make
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    """Four short labelled synthetic runs."""
+    folder = tmp_path_factory.mktemp("runs")
+    generate_synthetic_runs(4, folder, seed=3, config=_SHORT)
+    return folder
+
+
+@pytest.fixture
+def damaged_runs(runs_dir, tmp_path) -> tuple[Path, Path]:
+    """(folder, damaged file): the four runs and a copy of one cut to its first 3 KB."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for path in runs_dir.glob("*.parquet"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    damaged = folder / "cut.parquet"
+    damaged.write_bytes(next(runs_dir.glob("*.parquet")).read_bytes()[:3000])
+    return folder, damaged
+
+
+@pytest.fixture
+def store_env(tmp_path, monkeypatch) -> Path:
+    """A tracking store of this test's own (never ./mlruns), and the folder it would be in."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "store"
+
+
+def _one_line_error(args: list[str], *words: str) -> str:
+    """Run the command; assert exit code 2 and one ``error:`` line naming ``words``."""
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    # exit(2), not an exception caught by the runner (which would be a traceback)
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_predict_on_a_file_that_is_no_parquet_is_one_line(tmp_path):
+    hostname = tmp_path / "hostname"
+    hostname.write_text("build-7\n")
+    _one_line_error(["predict", str(hostname)], str(hostname), "not a readable Parquet run file")
+
+
+def test_predict_on_a_foreign_parquet_file_is_one_line(tmp_path):
+    foreign = tmp_path / "table.parquet"
+    pq.write_table(pa.table({"a": [1, 2, 3]}), foreign)
+    _one_line_error(
+        ["predict", str(foreign)], str(foreign), "not a collapse-guard run file", "data import"
+    )
+
+
+def test_evaluate_with_a_truncated_run_file_is_one_line(damaged_runs):
+    folder, damaged = damaged_runs
+    _one_line_error(["evaluate", "--runs", str(folder)], str(damaged), "truncated")
+
+
+def test_train_with_a_truncated_run_file_is_one_line(damaged_runs, store_env):
+    folder, damaged = damaged_runs
+    _one_line_error(["train", "--runs", str(folder)], str(damaged), "truncated")
+
+
+@pytest.mark.parametrize("content", [None, "no log here\n"], ids=["empty", "unknown-format"])
+def test_data_import_of_a_folder_without_logs_is_an_error(tmp_path, content):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    if content is not None:
+        (logs / "notes.txt").write_text(content)
+    line = _one_line_error(
+        ["data", "import", str(logs), "--out", str(tmp_path / "out")],
+        f"nothing to import from {logs}",
+        "recognised",
+    )
+    # each importer's own description: the list names every format
+    for name in ("algoperf", "nanogpt", "megatron", "tabular", "measurements.csv"):
+        assert name in line
+    assert not list((tmp_path / "out").glob("*.parquet"))
+
+
+def test_debug_shows_the_traceback_instead(tmp_path):
+    """The same input error as in the test above, with --debug: the full traceback."""
+    done = subprocess.run(
+        [str(_command()), "--debug", "data", "import", str(tmp_path), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "UserInputError" in done.stderr
+    assert "nothing to import" in done.stderr
+
+
+def test_a_bug_keeps_its_traceback():
+    """Only input errors become one line: any other exception is a bug, shown in full."""
+    broken = typer.Typer(cls=ErrorHandlingGroup)
+
+    @broken.command()
+    def divide(n: int) -> None:
+        print(1 / n)
+
+    @broken.command()
+    def other() -> None:  # a group of two: `divide` stays a sub-command
+        pass
+
+    result = CliRunner().invoke(broken, ["divide", "0"])
+    assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
+
+
+def test_serve_refuses_a_missing_tracking_store(tmp_path):
+    """No ./mlruns here: an error naming the store, and no empty database made."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(  # a process of its own: serve would exec bentoml in pytest's
+        [str(_command()), "serve", "--model", "@champion"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no MLflow tracking store" in lines[0], done.stderr
+    assert str(tmp_path / "mlruns" / "mlflow.db") in lines[0]
+    assert not (tmp_path / "mlruns").exists()
