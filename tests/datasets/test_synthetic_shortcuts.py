@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from scipy.stats import rankdata
 
 from collapse_guard.datasets.synthetic import SamplerConfig, make_frame, sample_spec
 from collapse_guard.datasets.synthetic.shapes import make_shapes
@@ -134,3 +135,15 @@ def test_window_statistics_by_hand():
     assert WINDOW == 200
     assert auroc([2.0, 3.0], [0.0, 1.0]) == 1.0 and auroc([1.0], [1.0]) == 0.5
     assert math.isnan(auroc([], [1.0]))
+
+
+def test_auroc_is_the_former_rank_formula():
+    """sklearn's ROC-AUC equals the Mann-Whitney rank formula used before, ties included."""
+    rng = np.random.default_rng(3)
+    for n_pos, n_neg in ((5, 40), (60, 60), (200, 17)):
+        pos = np.round(rng.normal(0.4, 1.0, n_pos), 1)  # rounded: many ties
+        neg = np.round(rng.normal(0.0, 1.0, n_neg), 1)
+        ranks = rankdata(np.concatenate([pos, neg]))
+        former = (ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+        with_nan = np.r_[pos, np.nan]  # NaN is dropped
+        assert math.isclose(auroc(with_nan, neg), former, rel_tol=1e-12)

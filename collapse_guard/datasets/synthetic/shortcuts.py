@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
+from sklearn.metrics import roc_auc_score
 
 from collapse_guard.datasets.synthetic.generate import synth_run
 from collapse_guard.datasets.synthetic.realism import SETTLE_FRAC
@@ -198,13 +198,12 @@ def last_z(values: np.ndarray, end: int) -> float:
 
 
 def auroc(pos: Iterable[float], neg: Iterable[float]) -> float:
-    """Mann-Whitney AUROC of ``pos`` over ``neg`` (NaN dropped; ties count half)."""
+    """AUROC of ``pos`` over ``neg`` (NaN dropped; ties count half); NaN if a side is empty."""
     p = np.asarray([v for v in pos if math.isfinite(v)], float)
     q = np.asarray([v for v in neg if math.isfinite(v)], float)
     if p.size == 0 or q.size == 0:
         return math.nan
-    ranks = rankdata(np.concatenate([p, q]))
-    return float((ranks[: p.size].sum() - p.size * (p.size + 1) / 2) / (p.size * q.size))
+    return float(roc_auc_score(np.r_[np.ones(p.size), np.zeros(q.size)], np.r_[p, q]))
 
 
 def _reference_ends(runs: list[RunSample], seed: int) -> list[int | None]:
