@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
@@ -25,7 +24,7 @@ from collapse_guard.errors import is_user_error
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.service.cli import serve_command
 
-__all__ = ["ErrorHandlingGroup", "app", "print_error"]
+__all__ = ["ErrorHandlingGroup", "app", "print_error", "spread_repeated_options"]
 
 _DEBUG = "debug"  # the global option's parameter name
 
@@ -40,10 +39,49 @@ def print_error(error: BaseException) -> None:
     Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/] {escape(text)}")
 
 
-class ErrorHandlingGroup(TyperGroup):
-    """The top-level group: a user error from any command, however deep, is caught here."""
+def spread_repeated_options(command, args: list[str]) -> list[str]:
+    """``--runs a b`` as ``--runs a --runs b``: an option that may be given many times takes
+    every value up to the next option (shell globs: ``--runs data/*/``).
 
-    def invoke(self, ctx: click.Context):
+    Only for commands without positional arguments, which the values could swallow.
+    """
+    params = command.params
+    if any(isinstance(p, TyperArgument) for p in params):
+        return args
+    repeated = {
+        name
+        for p in params
+        if isinstance(p, TyperOption) and p.multiple and not p.is_flag
+        for name in p.opts
+    }
+    out: list[str] = []
+    option, n_values = None, 0  # the repeated option being read, and its values so far
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return [*out, *args[i:]]
+        if arg.startswith("-"):
+            name, has_value, _ = arg.partition("=")
+            option, n_values = (name, int(bool(has_value))) if name in repeated else (None, 0)
+        elif option is not None:
+            if n_values:
+                out.append(option)
+            n_values += 1
+        out.append(arg)
+    return out
+
+
+class ErrorHandlingGroup(TyperGroup):
+    """The top-level group: a user error from any command, however deep, is caught here;
+    and an option that may be repeated takes many values (:func:`spread_repeated_options`).
+    """
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, TyperGroup):
+            rest = spread_repeated_options(command, rest)
+        return name, command, rest
+
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except Exception as error:

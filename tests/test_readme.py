@@ -1,10 +1,15 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written, and its commands parse as written."""
 
 import math
 import re
+import shlex
 from pathlib import Path
 
 import pandas as pd
+from typer.core import TyperGroup
+from typer.main import get_command
+
+from collapse_guard.cli import app
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -39,3 +44,60 @@ def test_predictor_example_scores_every_step():
     assert len(risk) == len(frame)
     assert ((risk >= 0) & (risk <= 1)).all()
     assert set(namespace["model"].thresholds) == {"watch", "warn", "critical"}
+
+
+# ------------------------------------------------- the README's commands, as written
+
+_OPTIONAL = re.compile(r"\s*\[([^\]]*)\]")
+
+
+def _command_lines() -> list[str]:
+    """Every ``collapse-guard ...`` line of the README's bash blocks, comments cut."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    lines = (line.split("  #")[0].strip() for b in blocks for line in b.splitlines())
+    return [line for line in lines if line.startswith("collapse-guard ")]
+
+
+def _forms(line: str) -> list[list[str]]:
+    """The line without its [optional] parts, and with all of them (first alternative of
+    ``a|b``, a one-letter placeholder as 1)."""
+    bare = _OPTIONAL.sub("", line)
+    full = _OPTIONAL.sub(lambda m: " " + m.group(1).split("|")[0], line)
+    full = re.sub(r"(?<= )[A-Z](?= |$)", "1", full)
+    return [shlex.split(bare)[1:], shlex.split(full)[1:]]
+
+
+def _parse(args: list[str]):
+    """The click context the command line builds for ``args`` (parsed and converted,
+    through the top-level group's own resolution), without running the command."""
+    command, ctx, name = get_command(app), None, "collapse-guard"
+    while isinstance(command, TyperGroup):
+        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
+        name, command, args = command.resolve_command(ctx, args)
+    return command.make_context(name, args, parent=ctx)
+
+
+def test_readme_lists_the_commands():
+    names = {shlex.split(line)[1] for line in _command_lines()}
+    assert {"data", "train", "evaluate", "predict", "serve"} <= names
+
+
+def test_every_readme_command_parses_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for line in _command_lines():  # the files the lines name, where a command checks them
+        for token in shlex.split(line):
+            if token.endswith(".parquet"):
+                (tmp_path / token).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / token).touch()
+    for line in _command_lines():
+        for args in _forms(line):
+            _parse(args)  # raises click's usage error on an option or value it refuses
+
+
+def test_readme_runs_form_gives_every_folder():
+    """`--runs a b` (the README's form) and `--runs a --runs b` mean the same."""
+    (train,) = [line for line in _command_lines() if line.startswith("collapse-guard train")]
+    runs = _parse(_forms(train)[0]).params["runs"]
+    assert [str(p) for p in runs] == ["data/real", "data/synth"]
+    repeated = ["train", "--runs", "data/real", "--runs", "data/synth", "--seed", "3"]
+    assert _parse(repeated).params["runs"] == runs
