@@ -31,6 +31,8 @@ from sklearn.linear_model import LogisticRegression
 __all__ = ["CALIBRATION_METHODS", "Calibrator", "expected_calibration_error"]
 
 CALIBRATION_METHODS: tuple[str, ...] = ("platt", "isotonic")
+# the numbers each method stores (Calibrator.to_dict's "params")
+_PARAMS = {"platt": ("a", "b"), "isotonic": ("x", "y")}
 
 # log-odds are clipped here so that raw scores of exactly 0 or 1 stay finite
 _EPS = 1e-12
@@ -167,6 +169,13 @@ class Calibrator:
             raise ValueError(
                 f"calibration dict must have method in {CALIBRATION_METHODS} and params; "
                 f"got keys {sorted(data)} and method {method!r}"
+            )
+        missing = [key for key in _PARAMS[method] if key not in data["params"]]
+        if missing:
+            raise ValueError(
+                f"{method} calibration params must hold {list(_PARAMS[method])}; "
+                f"{missing} missing from {sorted(data['params'])}. Fix: save the model again "
+                "with RiskModel.save (or retrain it)"
             )
         cal = cls(method)
         cal._set_params(data["params"])

@@ -61,6 +61,8 @@ def test_errors_say_what_to_do():
         Calibrator("beta").fit(np.array([0.1, 0.2]), np.array([0, 1]))
     with pytest.raises(ValueError, match="method in"):
         Calibrator.from_dict({"method": "beta"})
+    with pytest.raises(ValueError, match=r"\['b'\] missing"):
+        Calibrator.from_dict({"method": "platt", "params": {"a": 1.0}})
 
 
 # Platt's (a, b) as the former Newton fit gave them (collapse_guard before scikit-learn)
