@@ -6,8 +6,10 @@ import shlex
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.core import TyperGroup
 from typer.main import get_command
+from typer.testing import CliRunner
 
 from collapse_guard.cli import app
 
@@ -101,3 +103,31 @@ def test_readme_runs_form_gives_every_folder():
     assert [str(p) for p in runs] == ["data/real", "data/synth"]
     repeated = ["train", "--runs", "data/real", "--runs", "data/synth", "--seed", "3"]
     assert _parse(repeated).params["runs"] == runs
+
+
+@pytest.mark.slow
+def test_readme_train_evaluate_predict_run_as_written(tmp_path, monkeypatch):
+    """train, evaluate and predict as the README writes them, on short synthetic runs in
+    data/real and data/synth, with the README's store (./mlruns/mlflow.db)."""
+    from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
+    from collapse_guard.datasets.synthetic.sampler import SamplerConfig
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    short = SamplerConfig(min_steps=600, max_steps=1200)
+    generate_synthetic_runs(12, "data/synth", seed=21, config=short)
+    real = generate_synthetic_runs(12, "data/real", seed=22, config=short)
+    real[3].rename("data/real/real-s0-00003.parquet")  # the file the README predicts on
+    lines = {shlex.split(line)[1]: line for line in _command_lines()}
+
+    def run(args: list[str]) -> str:
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return " ".join(result.output.split())
+
+    assert "now champion" in run(_forms(lines["train"])[0])
+    # with its options: --model models:/collapse-predictor@champion --unseen-only
+    evaluate = _forms(next(line for line in _command_lines() if "--unseen-only" in line))[1]
+    assert "runs it never saw" in run(evaluate)
+    assert "plot written to risk.png" in run(_forms(lines["predict"])[0])
+    assert Path("risk.png").stat().st_size > 10_000
