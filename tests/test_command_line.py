@@ -199,3 +199,38 @@ def test_serve_refuses_a_missing_tracking_store(tmp_path):
     assert len(lines) == 1 and "no MLflow tracking store" in lines[0], done.stderr
     assert str(tmp_path / "mlruns" / "mlflow.db") in lines[0]
     assert not (tmp_path / "mlruns").exists()
+
+
+# ---------------------------------------------------------------- --model and the store
+
+
+def test_model_shorthands_name_the_registry(tmp_path, monkeypatch):
+    from collapse_guard.predictor.model_source import resolve_model_source
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "mlruns").mkdir()
+    (tmp_path / "mlruns" / "mlflow.db").touch()  # a store is there: its file is enough here
+    assert resolve_model_source(None) is None and resolve_model_source("default") is None
+    champion = "models:/collapse-predictor@champion"
+    assert resolve_model_source("champion") == resolve_model_source("@champion") == champion
+    assert resolve_model_source("@staging") == "models:/collapse-predictor@staging"
+    assert resolve_model_source("models:/collapse-predictor/2") == "models:/collapse-predictor/2"
+    (tmp_path / "champion").mkdir()  # a folder of that name is what the user meant
+    assert resolve_model_source("champion") == "champion"
+
+
+def test_a_registry_model_needs_an_existing_store(tmp_path, monkeypatch):
+    from collapse_guard.errors import UserInputError
+    from collapse_guard.predictor.model_source import resolve_model_source
+
+    monkeypatch.chdir(tmp_path)
+    database = tmp_path / "elsewhere" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+    with pytest.raises(UserInputError, match=f"MLFLOW_TRACKING_URI=sqlite:///{database}"):
+        resolve_model_source("@champion")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(UserInputError, match=r"\./mlruns/mlflow\.db does not exist"):
+        resolve_model_source("runs:/0123/risk_model")
+    assert not database.parent.exists() and not (tmp_path / "mlruns").exists()
+    assert resolve_model_source(str(tmp_path)) == str(tmp_path)  # a folder needs no store
