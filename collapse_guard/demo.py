@@ -46,6 +46,7 @@ class DemoRun:
     first_warning: int | None = None
     onset: int | None = None  # the label's collapse step
     kind: str | None = None
+    gave_up: bool = False  # the guard stopped the run (GuardGaveUp) before its last step
     seconds: float = 0.0
 
     @property
@@ -86,7 +87,7 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
     from collapse_guard.datasets.real.faults import FaultInjector
     from collapse_guard.datasets.real.runner import build
     from collapse_guard.features import RunContext
-    from collapse_guard.guard import Guard, GuardPolicy
+    from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy
     from collapse_guard.probe import Probe
 
     run = DemoRun("guarded" if guarded else "unguarded")
@@ -110,8 +111,13 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
         faults.after_backward(step, net)  # the fault hooks of runner.train, in its order
         faults.before_step(step, optimizer)
         if guarded:
-            guard.step(loss)
-            run.lrs.append(optimizer.param_groups[0]["lr"] * guard.lr_multiplier * guard.rescue_lr)
+            try:
+                guard.step(loss)
+            except GuardGaveUp:  # the guard closed itself: the run ends here, unrescued
+                run.gave_up = True
+                run.losses.append(loss.item())
+                break
+            run.lrs.append(guard.lr_in_force)
         else:
             probe.after_backward(loss)
             torch.nn.utils.clip_grad_norm_(net.parameters(), config.grad_clip)

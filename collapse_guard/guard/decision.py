@@ -8,12 +8,18 @@ the run file's ``event`` column), tested on hand-written facts and replayed.
 The order of the rules is the order of their urgency::
 
     give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
-    rescue    online collapse | non-finite loss | max_skip_streak non-finite-gradient
-              skips in a row -> no update, roll back to the ring's average, skip
-              batches, lower LR
+    rescue    online collapse (not in data-fault mode) | non-finite loss |
+              max_skip_streak non-finite-gradient skips in a row | max_outlier_skips
+              z-score skips in a row within lr_jump_steps of an LR jump -> no update,
+              roll back to the ring's average, skip batches, cap the LR
+    data      the first step after a rollback is a loss outlier at the restored weights:
+              the data went bad, not the model -> data-fault mode: outlier batches are
+              skipped without limit and the online collapse does not rescue (rolling back
+              cannot fix data) until data_clear_steps clean batches in a row
     skip      non-finite gradient, loss / grad-norm z over outlier_z (critical_outlier_z
               at `critical`) -> no update this step; after max_outlier_skips z-score
               skips in a row the next outlier is applied (clipped): it is the data now
+              (outside data-fault mode)
     level     LR multiplier and clipping of the level; a tensor whose gradient norm
               is an outlier is clipped (warn and above)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
@@ -33,7 +39,9 @@ event                       meaning
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
-``lr_rescue_x<f>``          the lasting rescue LR factor is now ``f``
+``lr_ceiling:<lr>``          the LR in force is capped at ``lr`` from now on (rescue)
+``data_fault:<reason>``     data-fault mode begins (the restored weights see outliers)
+``data_clear``              data-fault mode ends
 ``layer_caps:<n>``          ``n`` tensors that blew up get a gradient-norm cap
 ``give_up:<reason>``        the rescue cap is reached: ``GuardGaveUp`` is raised
 ==========================  ==========================================================
@@ -69,6 +77,10 @@ class StepFacts:
     since_checkpoint: int = 0  # steps since the last ring checkpoint
     quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
     amp_overflow: bool = False  # the GradScaler found inf/NaN: its own skip, not ours
+    lr_jump: bool = False  # the loop's LR rose over lr_jump_ratio within lr_jump_steps
+    after_rollback: bool = False  # the first step at the weights a rollback restored
+    data_fault: bool = False  # in data-fault mode before this step
+    clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ class GuardDecision:
     rescue: bool = False  # roll back, skip batches, lower the LR, clip blown-up layers
     reason: str = ""  # why the update was skipped or the rescue made
     give_up: bool = False
+    data_fault: bool = False  # data-fault mode after this step
     rollback_to: tuple[str, ...] = ()  # the checkpoints a rescue averages (set by the guard
     # from its ring, so that every DDP rank reads the same files)
     events: tuple[str, ...] = field(default=())
@@ -117,11 +130,14 @@ def next_lr_multiplier(current: float, level: str, policy: GuardPolicy) -> float
 def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
     if not math.isfinite(facts.loss):
         return "nonfinite_loss"
-    if facts.collapse_online:
+    if facts.collapse_online and not facts.data_fault:
         return "online_collapse"
-    streak = facts.skip_streak + 1
-    if streak >= policy.max_skip_streak and _skip_reason(facts, policy) == "nonfinite_grad":
+    skip, streak = _skip_reason(facts, policy), facts.skip_streak + 1
+    if streak >= policy.max_skip_streak and skip == "nonfinite_grad":
         return f"skip_streak={streak}"
+    outliers = skip and skip != "nonfinite_grad" and not facts.data_fault
+    if outliers and facts.lr_jump and facts.skip_streak >= policy.max_outlier_skips:
+        return f"lr_jump:{skip}"  # the outliers follow the LR's jump: the model broke
     return ""
 
 
@@ -165,7 +181,9 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     if lr != facts.lr_multiplier:
         events.append(f"lr_x{lr:.3g}")
     skip = _skip_reason(facts, policy)
-    if skip and skip != "nonfinite_grad" and facts.skip_streak >= policy.max_outlier_skips:
+    data_fault = _data_fault(facts, policy, skip, events)
+    accept = not data_fault and facts.skip_streak >= policy.max_outlier_skips
+    if skip and skip != "nonfinite_grad" and accept:
         events.append(f"accept:{skip}")  # the outlier persists: it is the data now
         skip = ""
     if skip:
@@ -174,6 +192,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
             apply_update=False,
             lr_multiplier=lr,
             reason=skip,
+            data_fault=data_fault,
             events=(*events, f"skip:{skip}"),
         )
     elevated = facts.level in ("warn", "critical")
@@ -192,5 +211,17 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         clip_to=policy.level_clip(facts.level),
         clip_layers=layers,
         checkpoint=checkpoint,
+        data_fault=data_fault,
         events=tuple(events),
     )
+
+
+def _data_fault(facts: StepFacts, policy: GuardPolicy, skip: str, events: list) -> bool:
+    """Data-fault mode after this step (module docstring), its events added to ``events``."""
+    if facts.after_rollback and skip.startswith("loss_z"):
+        events.append(f"data_fault:{skip}")
+        return True
+    if facts.data_fault and not skip and facts.clean_steps + 1 >= policy.data_clear_steps:
+        events.append("data_clear")
+        return False
+    return facts.data_fault

@@ -148,7 +148,12 @@ class Guard:
         self.step_index = 0
         self.level, self.probability, self.risk_source = "ok", math.nan, ""
         self.lr_multiplier = 1.0  # of the level
-        self.rescue_lr = 1.0  # lasting factor, x policy.rescue_lr per rescue
+        self.lr_ceiling = math.inf  # cap on the LR in force (group 0), set by rescues
+        self.data_fault = False  # data-fault mode (decision.py)
+        self.clean_steps = 0  # non-outlier steps in a row in data-fault mode
+        self.after_rollback = False  # the next step runs at weights a rollback restored
+        self.loop_lrs: deque[float] = deque(maxlen=2 * self.policy.lr_jump_steps)
+        self.continues: dict[str, Any] | None = None  # the run file a resume continues
         self.layer_bounds: dict[str, float] = {}  # tensor -> gradient-norm cap after rescues
         self.pending_skips = 0
         self.skip_streak = self.quiet_steps = 0
@@ -171,6 +176,7 @@ class Guard:
         self.grad_history = OutlierHistory(p.outlier_history, p.outlier_min_history)
         self.online = OnlineLabel(p.collapse_confirm_steps)
         self.window: deque[tuple[int, list[float]]] = deque(maxlen=self.window_size)
+        self.lr_in_force = math.nan  # group 0's LR at the last applied update
         if self.context is not None:
             self.context.reset()
 
@@ -182,6 +188,7 @@ class Guard:
             "window_steps": [s for s, _ in self.window],
             "window": [row for _, row in self.window],
             "context": self.context.state_dict() if self.context is not None else None,
+            "lr_in_force": self.lr_in_force,
         }
 
     def _load_trajectory(self, state: Mapping[str, Any]) -> None:
@@ -192,13 +199,17 @@ class Guard:
         self.window = deque(((int(s), list(r)) for s, r in rows), maxlen=self.window_size)
         if self.context is not None and state["context"] is not None:
             self.context.load_state_dict(state["context"])
+        self.lr_in_force = float(state.get("lr_in_force", math.nan))
 
     _RUN_KEYS = (
         "step_index",
         "level",
         "probability",
         "lr_multiplier",
-        "rescue_lr",
+        "lr_ceiling",
+        "data_fault",
+        "clean_steps",
+        "after_rollback",
         "layer_bounds",
         "pending_skips",
         "rescues",
@@ -211,6 +222,8 @@ class Guard:
         """The guard's own state (plain values: loads with ``weights_only=True``)."""
         run = {key: getattr(self, key) for key in self._RUN_KEYS}
         run["events"] = [list(e) for e in self.events]
+        run["loop_lrs"] = list(self.loop_lrs)
+        run["run_id"] = self.run_id  # the run file a resumed run continues
         return {"version": STATE_VERSION, "run": run, "trajectory": self._trajectory_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Guard:
@@ -224,13 +237,23 @@ class Guard:
             setattr(self, key, state["run"][key])
         self.layer_bounds = dict(self.layer_bounds)
         self.events = [(int(s), str(e)) for s, e in state["run"]["events"]]
+        self.loop_lrs.clear()
+        self.loop_lrs.extend(float(lr) for lr in state["run"]["loop_lrs"])
         self._load_trajectory(state["trajectory"])
         self.probe.step = self.step_index
         return self
 
     def resume(self, path: str | os.PathLike | None = None) -> int:
         """Load model, optimizer, scaler and guard state from a ring checkpoint (default:
-        the newest in ``checkpoint_dir``); returns the step to continue from."""
+        the newest in ``checkpoint_dir``); returns the step to continue from.
+
+        The guard's history (events, outlier histories, risk window, LR cap, rescues)
+        comes back with it. The resumed run records into its own, new run file (a
+        finished Parquet file cannot be appended to): its rows go on from the returned
+        step, and its metadata names the run it continues (``extra["continues"]``: the
+        previous ``run_id``, the step and the checkpoint), so the two files read
+        end to end are the whole run.
+        """
         from collapse_guard.guard.checkpoints import load_checkpoint
 
         path = path or self.ring.newest()
@@ -244,6 +267,12 @@ class Guard:
             self.scaler.load_state_dict(state["scaler"])
         self.load_state_dict(state["guard"])
         self.last_checkpoint = self.step_index - 1  # the state after that step
+        self.continues = {
+            "run_id": state["guard"]["run"]["run_id"],
+            "step": self.step_index,
+            "checkpoint": Path(path).name,
+        }
+        self._log(self.step_index, [f"resume:{Path(path).name}"])
         return self.step_index
 
     # --------------------------------------------------------------- batches
@@ -272,6 +301,7 @@ class Guard:
         if self._closed:
             raise RuntimeError("guard.step() after guard.close(); create a new Guard")
         s = self.step_index
+        self.loop_lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         self._poll_risk()
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
@@ -319,10 +349,19 @@ class Guard:
             ]
         )
 
+    def _lr_jumped(self) -> bool:
+        """The loop's LR rose over lr_jump_ratio within the last lr_jump_steps steps."""
+        n = self.policy.lr_jump_steps
+        if len(self.loop_lrs) <= n:
+            return False
+        lrs = list(self.loop_lrs)
+        return max(lrs[-n:]) > self.policy.lr_jump_ratio * max(lrs[:-n])
+
     def _decide(
         self, s: int, loss_value: float, grad_norm: float, norms: torch.Tensor
     ) -> GuardDecision:
-        self.online.update(s, loss_value)
+        if not self.data_fault:  # in data-fault mode only applied steps count (_count)
+            self.online.update(s, loss_value)
         elevated = self.level in ("warn", "critical")
         outliers = self.history.outliers(norms, self.policy.layer_outlier_ratio) if elevated else {}
         facts = StepFacts(
@@ -342,6 +381,10 @@ class Guard:
             since_checkpoint=s - self.last_checkpoint,
             quiet_steps=self.quiet_steps,
             amp_overflow=self._amp_overflow(),
+            lr_jump=self._lr_jumped(),
+            after_rollback=self.after_rollback,
+            data_fault=self.data_fault,
+            clean_steps=self.clean_steps,
         )
         decision = decide(facts, self.policy)
         decision = self._forced_decision(decision)
@@ -393,11 +436,15 @@ class Guard:
                 "rollback can be the data going bad), or raise max_rescues to keep trying"
             )
         self.lr_multiplier = decision.lr_multiplier
+        self.after_rollback = False
         saved = None
         if decision.apply_update and not decision.rescue:
             self._clip(decision, grad_norm, norms)
             saved = [group["lr"] for group in self.optimizer.param_groups]
-            factor = decision.lr_multiplier * self.rescue_lr
+            factor = decision.lr_multiplier
+            if saved[0] * factor > self.lr_ceiling:  # the cap of the rescues
+                factor = self.lr_ceiling / saved[0]
+            self.lr_in_force = saved[0] * factor
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr * factor
             if self.scaler is not None and self.scaler.is_enabled():
@@ -417,9 +464,9 @@ class Guard:
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
         events = list(decision.events)
+        self._count(decision, record)
         if decision.rescue:
             events += self._rescue(decision, norms)
-        self._count(decision, record)
         self._log(s, events)
         if self._writer is not None:
             self._writer.append(s, record, event=";".join(events))
@@ -460,9 +507,13 @@ class Guard:
             self.skip_streak = 0
             self.loss_history.add(record["loss"])
             self.grad_history.add(record["grad_norm"])
+            if self.data_fault:  # the online label sees only the batches trained on
+                self.online.update(s, record["loss"])
         elif not decision.rescue:
             self.skip_streak += 1
             self.skipped += 1
+        self.clean_steps = self.clean_steps + 1 if self.data_fault and applied else 0
+        self.data_fault = decision.data_fault
         open_excursion = self.online.open_for(s) > 0
         calm = applied and not open_excursion and decision.level != "critical"
         self.quiet_steps = self.quiet_steps + 1 if calm else 0
@@ -507,6 +558,7 @@ class Guard:
             save_atomic({"format": 1, "step": s, **current}, folder / "state.pt")
             self.history.save(folder, blown)
             events.append(f"forensics:{folder.name}")
+        healthy_lr = self.lr_in_force  # without a checkpoint: the LR of the last update
         if decision.rollback_to:
             state = self.ring.rollback_state(decision.rollback_to)
             lrs = [g["lr"] for g in self.optimizer.param_groups]  # the loop's LR stays
@@ -517,19 +569,22 @@ class Guard:
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             self._load_trajectory(state["guard"]["trajectory"])
+            healthy_lr = self.lr_in_force  # the newest checkpoint's
             self.probe.reset()  # the rollback is not an update: forget the previous sketch
             events.append(f"rollback:avg{state['averaged']}@{state['step']}")
             ddp.barrier()  # every rank has read the files before rank 0 may replace them
         else:
             self._reset_trajectory()
             events.append("rollback:none")
-        self.rescue_lr *= p.rescue_lr
+        if math.isfinite(healthy_lr):
+            self.lr_ceiling = p.rescue_lr * min(self.lr_ceiling, healthy_lr)
+        self.after_rollback = True
         self.pending_skips += p.skip_batches
         for name, median in blown.items():
             self.layer_bounds[name] = p.rescue_layer_clip * median
         self.rescues += 1
         self.skip_streak = self.quiet_steps = 0
-        events += [f"skip_batches:{p.skip_batches}", f"lr_rescue_x{self.rescue_lr:.3g}"]
+        events += [f"skip_batches:{p.skip_batches}", f"lr_ceiling:{self.lr_ceiling:.3g}"]
         if blown:
             events.append(f"layer_caps:{len(blown)}")
         return events
@@ -551,7 +606,7 @@ class Guard:
             "rescues": self.rescues,
             "checkpoints": self.checkpoints,
             "first_warning": self.first_warning,
-            "rescue_lr": self.rescue_lr,
+            "lr_ceiling": self.lr_ceiling,
             "risk_source": self.risk_source,
         }
 
@@ -568,7 +623,10 @@ class Guard:
             self.risk.close()
         if self._writer is not None:
             events = [f"{s}:{e}" for s, e in self.events[-1000:]]
-            self._writer.close(extra={"guard": {**self.summary(), "events": events}})
+            extra = {"guard": {**self.summary(), "events": events}}
+            if self.continues is not None:
+                extra["continues"] = self.continues
+            self._writer.close(extra=extra)
         self.probe.close()
 
     def __enter__(self) -> Guard:

@@ -50,8 +50,12 @@ class GuardPolicy:
     critical_lr: float = 0.25  # brings a 4x excursion back to the edge
     lr_restore_steps: int = 100  # steps for the multiplier to double back up as risk
     # falls (geometric): a level left is not trusted at once; ~2 risk readings per halving
-    rescue_lr: float = 0.5  # each rescue multiplies a lasting LR factor by this: the LR
-    # that collapsed the run once would do it again after the rollback
+    rescue_lr: float = 0.5  # a rescue caps the LR in force, for the rest of the run, at
+    # this times the LR in force at the checkpoint it rolls back to (or at the cap already
+    # there, if lower). A cap, not a factor on the loop's LR: a re-warm, a warmup or an LR
+    # fault keeps raising the loop's LR after the rollback, and a factor of 1/2 on an LR
+    # that jumped 30x (the sampler's sudden recipe: 4-15x the edge) collapses again. The
+    # cap rests on evidence: the run was healthy at the checkpoint's LR
 
     # --- checkpoints ---
     checkpoint_every: int = 100  # healthy steps between ring checkpoints (0 = only at
@@ -71,7 +75,18 @@ class GuardPolicy:
     # (clipped): a shift that lasts is data, not an accident. The demo's byte-level data at
     # batch 8 has runs of 2-3 batches of unusual content (loss 8-10 nats against ~3) that
     # the unguarded run absorbs in a step; rescuing on them cost 3 rollbacks and 7/8 of
-    # the LR in the warmup (demo, measured 2026-11-30)
+    # the LR in the warmup (demo, measured 2026-11-30). Two exceptions: right after an LR
+    # jump the streak is rescued (lr_jump_ratio), in data-fault mode it is never accepted
+    lr_jump_ratio: float = 2.0  # the loop's LR rose more than this within lr_jump_steps:
+    # an outlier streak that follows is the optimizer's doing, not the data's, so it is
+    # rescued at once instead of accepted (a linear warmup rises by less than 2x in 10
+    # steps from step 20 on, where the outlier rule starts)
+    lr_jump_steps: int = 10  # the LR's highest value over the last this many steps is
+    # compared with its highest over the this many steps before
+    data_clear_steps: int = 20  # in data-fault mode (a rollback whose first batch is still
+    # an outlier at the restored, healthy weights: the data went bad, not the model),
+    # outlier batches are skipped without limit and not rolled back into; the mode ends
+    # after this many non-outlier batches in a row
     skip_batches: int = 20  # batches skipped after a rollback (the data that led there)
     max_rescues: int = 5  # rescues per run; one more stops training with GuardGaveUp
     rescue_layer_clip: float = 3.0  # after a rescue, each tensor whose gradient blew up
@@ -91,6 +106,8 @@ class GuardPolicy:
                 raise ValueError(
                     f"GuardPolicy.{name} is an LR multiplier in (0, 1], got {getattr(self, name)!r}"
                 )
+        if self.lr_jump_ratio <= 1:
+            raise ValueError(f"GuardPolicy.lr_jump_ratio must be > 1, got {self.lr_jump_ratio!r}")
         if self.keep_checkpoints < 1 or self.risk_every < 1:
             raise ValueError(
                 "GuardPolicy.keep_checkpoints and risk_every must be >= 1, got "

@@ -124,7 +124,8 @@ def test_a_persistent_nonfinite_loss_is_rescued_then_the_guard_gives_up(tmp_path
         loop.loss(model)
         assert guard.step(torch.tensor(math.nan)).rescue
         opt.zero_grad()
-    assert guard.rescue_lr == 0.25 and guard.pending_skips == 40
+    # each rescue halves the cap: 1/2 of the checkpoint's LR, then 1/2 of that
+    assert guard.lr_ceiling == pytest.approx(0.25 * 3e-3) and guard.pending_skips == 40
     loop.loss(model)
     with pytest.raises(GuardGaveUp, match="after 2 rescues"):
         guard.step(torch.tensor(math.nan))
@@ -188,6 +189,28 @@ def test_a_large_lr_collapse_is_rescued(tmp_path):
     healthy = sum(losses[50:60]) / 10
     assert guard.rescues >= 1
     assert sum(losses[-20:]) / 20 < healthy + 0.25, (healthy, losses[-20:])
+
+
+def test_a_rescue_caps_the_lr_while_the_loop_keeps_raising_it(tmp_path):
+    """nanoGPT's loop sets a rising LR every step; after a rescue the LR in force stays at
+    half the LR of the checkpoint rolled back to, and the loop's own LR is left alone."""
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off")
+    loop, in_force = Loop(), []
+    for step in range(30):
+        for group in opt.param_groups:
+            group["lr"] = 1e-4 * (1 + step)  # a re-warm: 10% more every 10 steps or so
+        if step == 15:
+            guard.force_next("rescue")
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+        in_force.append(guard.lr_in_force)
+        assert opt.param_groups[0]["lr"] == pytest.approx(1e-4 * (1 + step))
+    # the first checkpoint holds step 10, whose LR was 1.1e-3: the cap is half of that
+    assert guard.lr_ceiling == pytest.approx(0.5 * 1.1e-3)
+    assert in_force[14] == pytest.approx(1.5e-3)  # before the rescue: the loop's LR
+    assert in_force[16:] == pytest.approx([0.55e-3] * 14)  # after: capped, every step
+    guard.close()
 
 
 def test_watch_probes_attention_more_often_and_checkpoints(tmp_path, fixed_risk):

@@ -105,3 +105,25 @@ def test_a_lasting_outlier_is_applied_after_two_skips_not_rescued():
     assert decide(facts(skip_streak=1, loss_z=8.0), POLICY).skipped
     third = decide(facts(skip_streak=2, loss_z=8.0), POLICY)
     assert third.apply_update and not third.rescue and third.events == ("accept:loss_z=8.0",)
+
+
+def test_an_outlier_streak_right_after_an_lr_jump_is_rescued_not_accepted():
+    d = decide(facts(skip_streak=2, loss_z=8.0, lr_jump=True), POLICY)
+    assert d.rescue and d.reason == "lr_jump:loss_z=8.0"
+    assert decide(facts(skip_streak=1, loss_z=8.0, lr_jump=True), POLICY).skipped  # not yet
+
+
+def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limit():
+    first = decide(facts(after_rollback=True, loss_z=9.0), POLICY)
+    assert first.skipped and first.data_fault and "data_fault:loss_z=9.0" in first.events
+    # in data-fault mode: never accepted, and the online collapse does not roll back
+    later = decide(facts(data_fault=True, skip_streak=40, loss_z=9.0, collapse_online=True), POLICY)
+    assert later.skipped and not later.rescue and later.data_fault
+    assert decide(facts(data_fault=True, loss=math.nan), POLICY).rescue  # non-finite still does
+    # the mode ends after data_clear_steps clean batches in a row
+    steps = POLICY.data_clear_steps
+    assert decide(facts(data_fault=True, clean_steps=steps - 2), POLICY).data_fault
+    clear = decide(facts(data_fault=True, clean_steps=steps - 1), POLICY)
+    assert clear.apply_update and not clear.data_fault and "data_clear" in clear.events
+    # a normal first batch after a rollback: no data fault
+    assert not decide(facts(after_rollback=True, loss_z=1.0), POLICY).data_fault

@@ -10,6 +10,7 @@ import pytest
 import torch
 from guard_helpers import Loop, tiny_model
 
+from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
 from collapse_guard.guard.checkpoints import CheckpointRing, load_checkpoint
 
@@ -81,13 +82,26 @@ def test_resume_keeps_the_guards_history(tmp_path):
     guard2 = Guard(model2, opt2, tmp_path, risk="off", config={"checkpoint_every": 25})
     assert guard2.resume() == 41
     assert all(torch.equal(a, b) for a, b in zip(saved_params, model2.parameters(), strict=True))
-    assert guard2.state_dict()["run"]["events"] == saved_state["run"]["events"]
+    events = guard2.state_dict()["run"]["events"]
+    assert events == [*saved_state["run"]["events"], [41, "resume:guard-000000041.pt"]]
     assert list(guard2.loss_history.values) == saved_state["trajectory"]["loss_history"]["values"]
     assert len(guard2.window) == 41
     assert opt2.state_dict()["state"][0]["step"] == 41  # AdamW's count came back too
     _train(guard2, model2, opt2, loop, 3)  # and it trains on from step 41
     assert guard2.step_index == 44
     guard2.close()
+    # the records: a new run file that goes on from step 41 and names the run it continues
+    first, first_meta = read_run(guard.run_path)
+    second, meta = read_run(guard2.run_path)
+    assert guard2.run_path != guard.run_path
+    assert meta.extra["continues"] == {
+        "run_id": guard.run_id,
+        "step": 41,
+        "checkpoint": "guard-000000041.pt",
+    }
+    assert first["step"].tolist() == list(range(41)) and second["step"].tolist() == [41, 42, 43]
+    assert meta.source == first_meta.source == "guarded"
+    assert meta.extra["guard"]["events"][-1] == "41:resume:guard-000000041.pt"
 
 
 def _closed_port() -> int:
