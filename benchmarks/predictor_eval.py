@@ -309,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from collapse_guard.predictor.baselines import default_baselines
-    from collapse_guard.predictor.cli import run_paths
     from collapse_guard.predictor.evaluation import (
         COLLAPSE_GROUPINGS,
         CONTROL_RATE,
@@ -322,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     from collapse_guard.predictor.risk import RiskModel
     from collapse_guard.predictor.seen_runs import SeenRuns
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.predictor.training_data import find_run_files, load_runs
 
     console = Console(width=160)
     md: list[str] = []  # the same tables, in Markdown, printed last with --markdown
     model = RiskModel.load(args.model)
-    records = load_runs(run_paths(args.runs))
+    records = load_runs(find_run_files(args.runs))
     unseen, seen = SeenRuns.from_meta(model.meta).partition(r.run_id for r in records)
     by_id = {r.run_id: r for r in records}
     runs = [by_id[i] for i in unseen]

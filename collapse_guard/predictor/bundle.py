@@ -42,20 +42,24 @@ def build_default_model(
     workers: int = 1,
     progress=print,
 ):
-    """Train on synthetic (+ real) runs and write the model folder ``out``; returns the report."""
+    """Train on synthetic (+ real) runs and write the model folder ``out``.
+
+    Returns the :class:`~collapse_guard.predictor.train.TrainingResult` (its model as
+    written, with the bundle's version and settings in ``meta``).
+    """
     from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
-    from collapse_guard.predictor.cli import run_paths
-    from collapse_guard.predictor.registry import dataset_fingerprint
     from collapse_guard.predictor.train import train_risk_model
+    from collapse_guard.predictor.training_data import find_run_files
 
     with tempfile.TemporaryDirectory(prefix="collapse-guard-bundle-") as tmp:
         runs_dir = work if work is not None else Path(tmp) / "synthetic"
         paths = generate_synthetic_runs(synthetic, runs_dir, seed=seed, workers=workers)
-        real_paths = run_paths(list(real)) if real else []
+        real_paths = find_run_files(real) if real else []
         progress(f"{len(paths)} synthetic runs in {runs_dir}, {len(real_paths)} real runs")
-        model, report = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
+        result = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
+        model = result.model
         model.meta |= {
-            "version": f"default-{dataset_fingerprint([*paths, *real_paths])}",
+            "version": f"default-{result.fingerprint}",
             "bundle": {"synthetic": synthetic, "real": len(real_paths), "seed": seed},
         }
         staged = model.save(Path(tmp) / "model")
@@ -71,14 +75,14 @@ def build_default_model(
             shutil.rmtree(out)
         shutil.copytree(staged, out)
     progress(f"wrote {out} ({size / 1024:.0f} KB, {model.meta['n_trees']} trees)")
-    return model, report
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     from rich.console import Console
 
-    from collapse_guard.predictor.cli import print_groups, print_report
     from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+    from collapse_guard.predictor.tables import print_groups, print_report
 
     parser = argparse.ArgumentParser(
         prog="python -m collapse_guard.predictor.bundle", description=__doc__.split("\n\n")[0]
@@ -114,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="processes for generation")
     args = parser.parse_args(argv)
     console = Console()
-    model, report = build_default_model(
+    result = build_default_model(
         args.out,
         synthetic=args.synthetic,
         real=args.real,
@@ -123,8 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         workers=args.workers,
         progress=console.log,
     )
-    print_report(console, report, f"default model {model.meta['version']}, test runs")
-    print_groups(console, report)
+    heading = f"default model {result.model.meta['version']}, test runs"
+    print_report(console, result.report, heading)
+    print_groups(console, result.report)
 
 
 if __name__ == "__main__":

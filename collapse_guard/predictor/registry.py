@@ -1,100 +1,81 @@
-"""MLflow tracking and registry: log a training, register it, promote the champion, load by URI.
+"""MLflow tracking and registry: log a training, register it, promote the champion.
 
 Store. SQLite under ``mlruns/`` in the current directory unless ``MLFLOW_TRACKING_URI``
 says otherwise: MLflow 3.17 refuses the plain-folder store, and a SQLite store keeps the
 registry and aliases (../shared/STACK.md). Each experiment is created with an explicit
 artifact location beside the database, because SQLite stores otherwise put artifacts
-relative to whatever directory the process happened to start in.
+relative to whatever directory the process happened to start in. Loading a model by URI
+is ``RiskModel.load`` (through ``predictor.store``).
 
 What one training leaves behind (one MLflow run):
 
 ==========================  ===========================================================
 params                      training settings and LightGBM hyperparameters
-metrics                     test-split metrics, per source and per baseline
-tags                        dataset fingerprint, feature schema version and fingerprint
+metrics                     test-split metrics, per source and per baseline; the
+                            promotion figures (``compare.challenger.*``,
+                            ``compare.champion.*``)
+tags                        dataset fingerprint, feature schema version and fingerprint,
+                            the promotion verdict and its reason
 artifacts ``plots/``        PR curve, reliability, lead times, importance, baseline table
 artifacts ``risk_model/``   the model folder as ``RiskModel.save`` writes it
-model ``pyfunc``            the same folder wrapped as an ``mlflow.pyfunc`` model with a
-                            signature (a run frame in, risk by step out); registered as
-                            ``collapse-predictor``
+artifact ``promotion.json`` the decision, both models' figures and the comparison run ids
+model ``pyfunc``            the same folder served by ``pyfunc_model.py``, logged as a
+                            model from code (no pickle), with a signature (a run frame
+                            in, risk by step out); registered as ``collapse-predictor``
 ==========================  ===========================================================
 
 Promotion. Every training is registered as a new version; the alias ``champion`` moves to
-it only when it beats the current champion on the same evaluation: both models are scored
-by one function on the new training's test runs. Primary metric: recall at the ``warn``
-false-alarm budget; tie-break: PR-AUC. The comparison is logged as metrics and tags
-whether or not the alias moves.
+it only by the rule of ``predictor.promotion``: both models scored on the same given runs
+(those neither trained or validated on), each at its own stored ``warn`` level; promoted
+on a strictly higher recall (or equal recall, fewer false alarms) while within its
+false-alarm budget. The comparison is logged whether or not the alias moves.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
-from mlflow.models import Model, ModelSignature
+from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
-from collapse_guard.datasets.runfile import read_meta
+from collapse_guard.predictor import promotion
+from collapse_guard.predictor.plots import report_artifacts
+from collapse_guard.predictor.promotion import Decision
+from collapse_guard.predictor.risk import MODEL_NAME, ModelFormatError, RiskModel
+from collapse_guard.predictor.store import FOLDER_ARTIFACT, tracking_uri, use_store
+from collapse_guard.predictor.train import TrainingResult
+from collapse_guard.predictor.training_data import RunRecord
 from collapse_guard.signals import SIGNAL_NAMES
-
-if TYPE_CHECKING:
-    from collapse_guard.predictor.risk import RiskModel
 
 __all__ = [
     "CHAMPION",
     "DEFAULT_EXPERIMENT",
     "MODEL_NAME",
-    "PRIMARY_METRIC",
-    "TIE_BREAK_METRIC",
-    "RiskPyfunc",
+    "PYFUNC_CODE",
     "TrainingRecord",
-    "beats",
     "champion_version",
-    "dataset_fingerprint",
     "ensure_experiment",
-    "load_model_folder",
+    "log_result",
     "log_training",
     "tracking_uri",
+    "training_params",
 ]
 
-MODEL_NAME = "collapse-predictor"
 CHAMPION = "champion"
 DEFAULT_EXPERIMENT = "collapse-guard"
-PRIMARY_METRIC = "recall_at_warn"
-TIE_BREAK_METRIC = "pr_auc"
-# Name of the model folder inside a run's artifacts and inside the pyfunc model.
-FOLDER_ARTIFACT = "risk_model"
+# The models-from-code file MLflow runs to load the pyfunc model (nothing pickled).
+PYFUNC_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
 # What the pyfunc model needs at load time. Given explicitly: inferring it costs ~4 s.
 _PIP_REQUIREMENTS = ["collapse-guard", "lightgbm>=4.3", "pandas>=2.2", "numpy>=1.26"]
-
-
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else SQLite at ``<cwd>/mlruns/mlflow.db`` (made on use)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    folder = Path.cwd() / "mlruns"
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / 'mlflow.db'}"
-
-
-def _use_store() -> mlflow.MlflowClient:
-    # Read the URI at every call rather than once at import: tests and long-lived
-    # processes switch stores through the environment.
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
@@ -107,7 +88,7 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 
 def ensure_experiment(name: str = DEFAULT_EXPERIMENT) -> str:
     """Id of the experiment ``name``, created with an explicit artifact location if new."""
-    client = _use_store()
+    client = use_store()
     existing = client.get_experiment_by_name(name)
     if existing is not None:
         return existing.experiment_id
@@ -118,103 +99,12 @@ def ensure_experiment(name: str = DEFAULT_EXPERIMENT) -> str:
 
 def champion_version(model_name: str = MODEL_NAME) -> str | None:
     """The version the ``champion`` alias points at, or None when there is none yet."""
-    client = _use_store()
+    client = use_store()
     try:
         return str(client.get_model_version_by_alias(model_name, CHAMPION).version)
     except MlflowException:
         # Raised both when the registered model does not exist and when it has no alias.
         return None
-
-
-def dataset_fingerprint(paths: Sequence[str | Path]) -> str:
-    """Short hash of the runs' ids, label versions, onsets and sizes (order-independent).
-
-    Two trainings with the same fingerprint saw the same labelled data; a relabelled or
-    regrown run changes it. Reads only the files' footers.
-    """
-    import pyarrow.parquet as pq
-
-    keys = []
-    for path in paths:
-        meta = read_meta(path)
-        rows = pq.read_metadata(path).num_rows
-        keys.append(f"{meta.run_id}|{meta.label_version}|{meta.onset_step}|{rows}")
-    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
-
-
-def _stamp_version(folder: Path, uri: str) -> None:
-    # The folder was saved before the registry numbered it; write the version into the
-    # local copy so that RiskModel.meta (and the service's answers) name what was loaded.
-    if not uri.startswith("models:/"):
-        return
-    name, _, ref = uri.removeprefix("models:/").partition("@")
-    client = _use_store()
-    if ref:
-        version = client.get_model_version_by_alias(name, ref)
-    elif "/" in name:
-        name, number = name.split("/", 1)
-        version = client.get_model_version(name, number)
-    else:
-        return  # a LoggedModel id (models:/m-...): not a registry version
-    spec_path = folder / "risk_model.json"
-    spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    spec["meta"] |= {"name": name, "version": str(version.version), "run_id": version.run_id}
-    spec_path.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def load_model_folder(uri: str, dst: str | Path | None = None) -> Path:
-    """Download the model folder behind an MLflow URI; returns a folder ``RiskModel`` loads.
-
-    ``uri``: ``models:/collapse-predictor@champion``, ``models:/collapse-predictor/3``,
-    ``models:/m-<id>`` or ``runs:/<run id>/risk_model``.
-    """
-    _use_store()
-    dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="collapse-guard-model-"))
-    try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
-    except MlflowException as error:
-        raise ValueError(
-            f"cannot load model {uri!r} from the tracking store {tracking_uri()}: {error.message}; "
-            "expected a registered model (models:/collapse-predictor@champion) or a run artifact; "
-            "train one with `collapse-guard train --runs DIR`, or set MLFLOW_TRACKING_URI"
-        ) from None
-    if not (local / "MLmodel").exists():
-        return local  # a run artifact path: the folder itself
-    # A pyfunc model keeps the folder among its artifacts; MLmodel says where.
-    flavor = Model.load(str(local)).flavors.get("python_function", {})
-    try:
-        folder = local / flavor["artifacts"][FOLDER_ARTIFACT]["path"]
-    except KeyError:
-        raise ValueError(
-            f"model {uri!r} is not a collapse-guard risk model: expected a pyfunc artifact "
-            f"{FOLDER_ARTIFACT!r}, got artifacts {sorted(flavor.get('artifacts', {}))}; "
-            "register models with `collapse-guard train`"
-        ) from None
-    _stamp_version(folder, uri)
-    return folder
-
-
-class RiskPyfunc(mlflow.pyfunc.PythonModel):
-    """``mlflow.pyfunc`` face of a risk model: one run frame in, risk and level by step out.
-
-    Pickled by reference to this module, so loading needs collapse-guard installed (it is
-    in the model's pip requirements).
-    """
-
-    def load_context(self, context) -> None:
-        from collapse_guard.predictor.risk import RiskModel
-
-        self.model = RiskModel.load(context.artifacts[FOLDER_ARTIFACT])
-
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        risk = self.model.predict_run(model_input)
-        return pd.DataFrame(
-            {
-                "step": risk.index.to_numpy(dtype="int64"),
-                "p_collapse": risk.to_numpy(dtype="float64"),
-                "level": [self.model.level(p) for p in risk.to_numpy()],
-            }
-        )
 
 
 def _signature() -> ModelSignature:
@@ -236,31 +126,23 @@ _INPUT_EXAMPLE = pd.DataFrame(
 )
 
 
-def beats(new: Mapping[str, float], old: Mapping[str, float]) -> bool:
-    """True when ``new`` is strictly better: higher primary metric, or equal and higher PR-AUC."""
-
-    def key(scores: Mapping[str, float]) -> tuple[float, float]:
-        # A metric that could not be computed (no collapses in the split) ranks lowest.
-        return tuple(  # type: ignore[return-value]
-            -math.inf if v is None or math.isnan(v) else float(v)
-            for v in (scores.get(PRIMARY_METRIC), scores.get(TIE_BREAK_METRIC))
-        )
-
-    return key(new) > key(old)
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainingRecord:
     """What :func:`log_training` did: the MLflow run, the version and the promotion decision."""
 
     run_id: str
     experiment_id: str
     version: str | None  # None when not registered
-    promoted: bool
     previous_champion: str | None
-    new_scores: dict[str, float] = field(default_factory=dict)
-    champion_scores: dict[str, float] = field(default_factory=dict)
-    reason: str = ""
+    decision: Decision | None  # None when not registered
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision is not None and self.decision.promoted
+
+    @property
+    def reason(self) -> str:
+        return "" if self.decision is None else self.decision.reason
 
 
 def _clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -275,100 +157,175 @@ def _clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _log_model(model: RiskModel, folder: Path, registered_name: str | None):
+    model.save(folder)
+    mlflow.log_artifacts(str(folder), FOLDER_ARTIFACT)
+    mlflow.log_dict(model.schema.to_dict(), "feature_schema.json")
+    return mlflow.pyfunc.log_model(
+        name="pyfunc",
+        python_model=str(PYFUNC_CODE),
+        artifacts={FOLDER_ARTIFACT: str(folder)},
+        signature=_signature(),
+        input_example=_INPUT_EXAMPLE,
+        pip_requirements=_PIP_REQUIREMENTS,
+        registered_model_name=registered_name,
+    )
+
+
+def _decide(
+    model: RiskModel,
+    model_name: str,
+    previous: str | None,
+    comparison_runs: Sequence[RunRecord],
+    score: Callable[[RiskModel], Mapping[str, float]] | None,
+) -> Decision:
+    """Promotion against the current champion ``previous`` (``predictor.promotion``)."""
+    if previous is None:
+        return promotion.compare(model, None, comparison_runs)
+    try:
+        champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
+    except ModelFormatError as error:
+        # A champion this code cannot run (older feature version or folder format)
+        # serves no one: the new model replaces it.
+        return Decision(True, f"champion v{previous} cannot be loaded: {error}")
+    if score is not None:
+        return _decide_on_given_scores(score(model), score(champion))
+    return promotion.compare(model, champion, comparison_runs)
+
+
+def _decide_on_given_scores(new: Mapping[str, float], old: Mapping[str, float]) -> Decision:
+    # Only for callers that stand in for the evaluation (the service's reload tests): the
+    # rule's recall comparison on figures they give. Real promotion passes comparison_runs.
+    promoted = new["recall_at_warn"] > old["recall_at_warn"]
+    return Decision(
+        promoted,
+        f"given recall at warn {new['recall_at_warn']} vs champion's {old['recall_at_warn']}",
+    )
+
+
 def log_training(
     model: RiskModel,
     *,
-    metrics: Mapping[str, float],
-    score: Callable[[RiskModel], Mapping[str, float]],
     params: Mapping[str, Any],
     fingerprint: str,
+    metrics: Mapping[str, float] | None = None,
+    comparison_runs: Sequence[RunRecord] = (),
     artifacts: str | Path | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     register: bool = True,
     model_name: str = MODEL_NAME,
     tags: Mapping[str, str] | None = None,
+    score: Callable[[RiskModel], Mapping[str, float]] | None = None,
 ) -> TrainingRecord:
-    """Log one training as an MLflow run, register it and promote it if it beats the champion.
+    """Log one training as an MLflow run, register it, promote it if the rule says so.
 
-    ``metrics``: flat test-split metrics to log. ``score``: evaluates any risk model on the
-    new test split and returns at least :data:`PRIMARY_METRIC` and :data:`TIE_BREAK_METRIC`;
-    it is applied to the new model and to the champion so that both face the same runs.
-    ``artifacts``: a folder (plots, tables) logged under ``plots/``.
+    Args:
+        model: the trained model (``TrainingResult.model``).
+        params: settings to log as MLflow params.
+        fingerprint: the data fingerprint (``TrainingResult.fingerprint``).
+        metrics: flat test-split metrics to log (``EvalReport.to_metrics()``).
+        comparison_runs: ``RunRecord``s both the new model and the champion are scored
+            on (``predictor.promotion.compare``; the runs either model saw are set apart).
+            Without any, a champion is never replaced (only a first model is promoted).
+        artifacts: a folder (plots, tables) logged under ``plots/``.
+        register: register as a new version of ``model_name`` and decide promotion.
+        score: stand-in figures ``{"recall_at_warn": ...}`` per model, for tests that
+            skip the evaluation; the real rule needs ``comparison_runs`` instead.
     """
-    from collapse_guard.predictor.risk import ModelFormatError, RiskModel
-
-    client = _use_store()
+    use_store()
     experiment_id = ensure_experiment(experiment)
     with (
         tempfile.TemporaryDirectory(prefix="collapse-guard-log-") as tmp,
         mlflow.start_run(experiment_id=experiment_id) as run,
     ):
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        schema = model.schema
         mlflow.set_tags(
             {
                 "dataset_fingerprint": fingerprint,
-                "feature_schema_version": str(schema.version),
-                "feature_schema_fingerprint": str(schema.fingerprint),
+                "feature_schema_version": str(model.schema.version),
+                "feature_schema_fingerprint": str(model.schema.fingerprint),
                 "horizon": str(model.horizon),
                 **(tags or {}),
             }
         )
-        mlflow.log_metrics(_clean_metrics(metrics))
+        mlflow.log_metrics(_clean_metrics(metrics or {}))
         if artifacts is not None:
             mlflow.log_artifacts(str(artifacts), "plots")
-        folder = Path(tmp) / FOLDER_ARTIFACT
-        model.save(folder)
-        mlflow.log_artifacts(str(folder), FOLDER_ARTIFACT)
-        mlflow.log_dict(schema.to_dict(), "feature_schema.json")
-        info = mlflow.pyfunc.log_model(
-            name="pyfunc",
-            python_model=RiskPyfunc(),
-            artifacts={FOLDER_ARTIFACT: str(folder)},
-            signature=_signature(),
-            input_example=_INPUT_EXAMPLE,
-            pip_requirements=_PIP_REQUIREMENTS,
-            registered_model_name=model_name if register else None,
-        )
-        record = TrainingRecord(
-            run_id=run.info.run_id,
-            experiment_id=experiment_id,
-            version=str(info.registered_model_version) if register else None,
-            promoted=False,
-            previous_champion=champion_version(model_name) if register else None,
-        )
+        previous = champion_version(model_name) if register else None
+        info = _log_model(model, Path(tmp) / FOLDER_ARTIFACT, model_name if register else None)
         if not register:
-            return record
-        record.new_scores = dict(score(model))
-        if record.previous_champion is None:
-            record.promoted, record.reason = True, "first registered model"
-        else:
-            try:
-                champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
-            except ModelFormatError as error:
-                # A champion this code cannot run (older feature version or folder
-                # format) serves no one: the new model replaces it.
-                champion = None
-                record.promoted = True
-                record.reason = f"champion v{record.previous_champion} cannot be loaded: {error}"
-            if champion is not None:
-                record.champion_scores = dict(score(champion))
-                record.promoted = beats(record.new_scores, record.champion_scores)
-                verdict = "beats" if record.promoted else "does not beat"
-                record.reason = (
-                    f"v{record.version} {verdict} champion v{record.previous_champion} on "
-                    f"{PRIMARY_METRIC} then {TIE_BREAK_METRIC}"
-                )
-        comparison = {f"compare.new.{k}": v for k, v in record.new_scores.items()}
-        comparison |= {f"compare.champion.{k}": v for k, v in record.champion_scores.items()}
-        mlflow.log_metrics(_clean_metrics(comparison))
-        mlflow.set_tags(
-            {
-                "promotion": "promoted" if record.promoted else "kept",
-                "promotion_reason": record.reason,
-                "previous_champion": record.previous_champion or "",
-            }
+            return TrainingRecord(run.info.run_id, experiment_id, None, None, None)
+        version = str(info.registered_model_version)
+        decision = _decide(model, model_name, previous, comparison_runs, score)
+        _log_decision(decision, previous)
+        if decision.promoted:
+            use_store().set_registered_model_alias(model_name, CHAMPION, version)
+        return TrainingRecord(run.info.run_id, experiment_id, version, previous, decision)
+
+
+def _log_decision(decision: Decision, previous: str | None) -> None:
+    mlflow.log_metrics(_clean_metrics(decision.to_metrics()))
+    mlflow.set_tags(
+        {
+            "promotion": "promoted" if decision.promoted else "kept",
+            "promotion_reason": decision.reason[:5000],
+            "previous_champion": previous or "",
+        }
+    )
+    record = {
+        "promoted": decision.promoted,
+        "reason": decision.reason,
+        "previous_champion": previous,
+        "comparison_run_ids": list(decision.run_ids),
+        **{k: v for k, v in decision.to_metrics().items() if math.isfinite(v)},
+    }
+    mlflow.log_text(json.dumps(record, indent=2, sort_keys=True), "promotion.json")
+
+
+def training_params(result: TrainingResult) -> dict[str, Any]:
+    """The MLflow params of a training: settings, split sizes, budgets, levels, LightGBM."""
+    model = result.model
+    return {
+        "seed": model.meta.get("seed"),
+        "window": model.schema.window,
+        "horizon": model.horizon,
+        "stride": model.meta.get("stride"),
+        "n_runs": len(result.runs),
+        **{f"split.{k}": v for k, v in result.counts().items()},
+        **{f"budget.{k}": v for k, v in model.budgets.items()},
+        **{f"threshold.{k}": v for k, v in model.thresholds.items()},
+        **{f"lgbm.{k}": v for k, v in model.meta.get("params", {}).items()},
+    }
+
+
+def log_result(
+    result: TrainingResult,
+    *,
+    comparison_runs: Sequence[RunRecord] | None = None,
+    params: Mapping[str, Any] | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    register: bool = True,
+    model_name: str = MODEL_NAME,
+    tags: Mapping[str, str] | None = None,
+) -> TrainingRecord:
+    """:func:`log_training` of a :class:`TrainingResult`: its metrics, fingerprint, plots.
+
+    ``comparison_runs``: what promotion scores both models on; default the result's test
+    runs (of which the champion's own training and validation runs are set apart).
+    ``params``: more params, beside :func:`training_params`.
+    """
+    runs = result.test_runs if comparison_runs is None else comparison_runs
+    with tempfile.TemporaryDirectory(prefix="collapse-guard-plots-") as plots:
+        report_artifacts(result.model, result.report, plots)
+        return log_training(
+            result.model,
+            params={**training_params(result), **(params or {})},
+            fingerprint=result.fingerprint,
+            metrics=result.report.to_metrics(),
+            comparison_runs=runs,
+            artifacts=plots,
+            experiment=experiment,
+            register=register,
+            model_name=model_name,
+            tags=tags,
         )
-        if record.promoted:
-            client.set_registered_model_alias(model_name, CHAMPION, record.version)
-        return record

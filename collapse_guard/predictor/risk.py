@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.features import FEATURE_VERSION, FeatureExtractor, FeatureSchema
+from collapse_guard.predictor import store
 from collapse_guard.predictor.calibration import Calibrator
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, level_of
 from collapse_guard.predictor.model import check_feature_names
@@ -212,7 +213,8 @@ class RiskModel:
         """Load the bundled default (None), a registry URI or a model folder.
 
         ``"models:/collapse-predictor@champion"`` and ``"runs:/..."`` go through the
-        MLflow registry (imported only then); anything else is a folder path.
+        MLflow store (``predictor.store``; mlflow imported only then); anything else is
+        a folder path.
         """
         if source is None:
             if not (DEFAULT_MODEL_DIR / _SPEC_FILE).is_file():
@@ -222,10 +224,12 @@ class RiskModel:
                     "a model folder or 'models:/collapse-predictor@champion'"
                 )
             return cls.load_folder(DEFAULT_MODEL_DIR)
-        if isinstance(source, str) and source.startswith(("models:/", "runs:/")):
-            from collapse_guard.predictor.registry import load_model_folder  # mlflow: lazy
-
-            return cls.load_folder(load_model_folder(source))
+        if store.is_registry_uri(source):
+            with store.fetched_model_folder(source) as (folder, stamp):
+                model = cls.load_folder(folder)
+            # the folder was saved before the registry numbered it: name the version loaded
+            model.meta |= {**stamp, "source": source}
+            return model
         return cls.load_folder(Path(source))
 
     @classmethod

@@ -13,7 +13,13 @@ Steps (each its own function in this package, so fleet-scale training can swap o
 6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
 
 Deterministic: the same runs and seed give the same model string. No MLflow here
-(``predictor.registry`` logs what this returns). The model's meta keeps the split
+(``predictor.registry`` logs what this returns: one :class:`TrainingResult`, the model,
+its evaluation, the split's run records, the data fingerprint and the test runs, so that
+no caller reads the run files again).
+
+Fleet scale: ``rows`` builds the training rows of step 2; ``predictor.fleet`` passes a
+builder that computes them on Dask workers. Everything else is this module's code, so
+the local and the Dask path fit the same model from the same rows. The model's meta keeps the split
 (``split``) and the ids it trained and validated on (``train_run_ids``,
 ``validation_run_ids``; ``predictor.seen_runs``), so that no later evaluation grades it
 on them.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,7 +41,7 @@ from collapse_guard.datasets.label import HORIZON
 from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
 from collapse_guard.predictor.baselines import default_baselines
 from collapse_guard.predictor.calibration import Calibrator
-from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs
+from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs, kind_of, setup_of
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
@@ -44,13 +51,80 @@ from collapse_guard.predictor.training_data import (
     DEFAULT_STRIDE,
     MODEL_SIGNALS,
     RunRecord,
+    RunSplit,
+    TrainingData,
     build_training_data,
     data_fingerprint,
     load_runs,
     split_runs,
 )
 
-__all__ = ["fit_risk_model", "set_levels", "train_risk_model"]
+__all__ = [
+    "RowBuilder",
+    "SplitRecord",
+    "TrainingResult",
+    "fit_risk_model",
+    "set_levels",
+    "train_risk_model",
+]
+
+# (runs, extractor, *, stride, horizon) -> TrainingData: build_training_data, or
+# predictor.fleet's builder that computes the same rows on Dask workers
+RowBuilder = Callable[..., TrainingData]
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """One run of a training's split: who it is, its label, and the role it played."""
+
+    run_id: str
+    source: str
+    role: str  # "train", "validation" or "test"
+    onset_step: int | None  # the label: first step of collapse, None when healthy
+    label_version: str | None
+    family: str  # model family (evaluation.groups.setup_of); "synthetic" for synthetic runs
+    kind: str | None  # collapse kind (evaluation.groups.kind_of); None when healthy
+
+    @property
+    def collapsed(self) -> bool:
+        return self.onset_step is not None
+
+    @classmethod
+    def of(cls, run: RunRecord, role: str) -> SplitRecord:
+        meta = run.meta
+        return cls(
+            run_id=run.run_id,
+            source=meta.source,
+            role=role,
+            onset_step=meta.onset_step,
+            label_version=meta.label_version,
+            family=setup_of(meta, "family"),
+            kind=kind_of(meta),
+        )
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What one training produced: :func:`train_risk_model`'s single return value.
+
+    ``fingerprint`` is ``training_data.data_fingerprint`` of every run read (also the
+    model's ``meta["data_fingerprint"]``); ``test_runs`` are the test split in memory,
+    in split order, for whoever scores the model or a rival on them next (promotion).
+    """
+
+    model: RiskModel
+    report: EvalReport
+    runs: tuple[SplitRecord, ...]
+    fingerprint: str
+    test_runs: tuple[RunRecord, ...] = field(repr=False)
+
+    def ids(self, role: str) -> list[str]:
+        """Run ids of one role ("train", "validation" or "test"), sorted."""
+        return sorted(r.run_id for r in self.runs if r.role == role)
+
+    def counts(self) -> dict[str, int]:
+        """Runs per role."""
+        return {role: len(self.ids(role)) for role in ("train", "validation", "test")}
 
 
 def _log(progress: Callable[[str], None] | None, message: str) -> None:
@@ -69,11 +143,15 @@ def fit_risk_model(
     calibration: str = "platt",
     params: Mapping[str, Any] | None = None,
     signals: Sequence[str] = MODEL_SIGNALS,
+    rows: RowBuilder = build_training_data,
 ) -> tuple[RiskModel, CollapsePredictor]:
-    """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet."""
+    """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet.
+
+    ``rows`` builds the feature rows of a list of runs (module docstring, fleet scale).
+    """
     extractor = FeatureExtractor(window=window, signals=signals)
-    train = build_training_data(train_runs, extractor, stride=stride, horizon=horizon)
-    val = build_training_data(val_runs, extractor, stride=stride, horizon=horizon)
+    train = rows(train_runs, extractor, stride=stride, horizon=horizon)
+    val = rows(val_runs, extractor, stride=stride, horizon=horizon)
     predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))
     predictor.fit(train.X, train.y, eval_set=(val.X, val.y))
     calibrator = Calibrator(calibration).fit(predictor.raw_proba(val.X), val.y)
@@ -135,8 +213,8 @@ def train_risk_model(
     params: Mapping[str, Any] | None = None,
     signals: Sequence[str] = MODEL_SIGNALS,
     progress: Callable[[str], None] | None = None,
-    fit: Callable[..., tuple[RiskModel, Any]] = fit_risk_model,
-) -> tuple[RiskModel, EvalReport]:
+    rows: RowBuilder = build_training_data,
+) -> TrainingResult:
     """Train, calibrate, set levels and evaluate on run files (module docstring).
 
     Args:
@@ -151,16 +229,16 @@ def train_risk_model(
         params: CollapsePredictor hyperparameters to override.
         signals: the signals the model predicts from (its feature schema's signals).
         progress: called with a line of text after each stage (e.g. ``print``).
-        fit: fits the model on train runs and calibrates on validation runs; same keywords
-            as ``fit_risk_model`` (the Dask path passes ``predictor.fleet.fit_on_cluster``).
+        rows: builds the training rows of a list of runs; ``build_training_data`` here,
+            ``predictor.fleet.rows_on(client)`` to compute them on a Dask cluster.
     """
     t0 = time.perf_counter()
     # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order
     runs = sorted(load_runs(run_paths), key=lambda r: r.run_id)
     split = split_runs([r.meta for r in runs], seed=seed, fractions=fractions)
-    by_split = {name: [r for r in runs if split.of(r.run_id) == name] for name in split.to_dict()}
+    by_split = _by_split(runs, split)
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
-    model, _ = fit(
+    model, _ = fit_risk_model(
         by_split["train"],
         by_split["validation"],
         seed=seed,
@@ -170,6 +248,7 @@ def train_risk_model(
         calibration=calibration,
         params=params,
         signals=signals,
+        rows=rows,
     )
     _log(progress, f"fitted {model.meta['n_trees']} trees ({time.perf_counter() - t0:.0f} s)")
     healthy_val = [r for r in by_split["validation"] if not r.collapsed]
@@ -186,10 +265,11 @@ def train_risk_model(
     report = evaluate_runs(
         by_split["test"], model, baselines, budget_per_10k=eval_budget_per_10k, horizon=horizon
     )
+    fingerprint = data_fingerprint(runs)
     model.meta.update(
         {
             "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "data_fingerprint": data_fingerprint(r.meta for r in runs),
+            "data_fingerprint": fingerprint,
             "n_runs": {k: len(v) for k, v in by_split.items()},
             "split": split.to_dict(),
             # what evaluate refuses to grade the model on (predictor.seen_runs)
@@ -206,7 +286,17 @@ def train_risk_model(
         progress,
         f"evaluated on {len(by_split['test'])} test runs ({time.perf_counter() - t0:.0f} s)",
     )
-    return model, report
+    return TrainingResult(
+        model=model,
+        report=report,
+        runs=tuple(SplitRecord.of(r, role) for role, rs in by_split.items() for r in rs),
+        fingerprint=fingerprint,
+        test_runs=tuple(by_split["test"]),
+    )
+
+
+def _by_split(runs: Sequence[RunRecord], split: RunSplit) -> dict[str, list[RunRecord]]:
+    return {name: [r for r in runs if split.of(r.run_id) == name] for name in split.to_dict()}
 
 
 def _finite_or_none(value: float) -> float | None:

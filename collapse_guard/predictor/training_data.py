@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON, collapse_targets
-from collapse_guard.datasets.runfile import RunMeta, read_run
+from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
 from collapse_guard.signals import SIGNALS
 
 __all__ = [
@@ -37,8 +37,11 @@ __all__ = [
     "RunSplit",
     "TrainingData",
     "build_training_data",
+    "concat_rows",
     "data_fingerprint",
+    "find_run_files",
     "load_runs",
+    "run_rows",
     "split_runs",
 ]
 
@@ -70,6 +73,31 @@ class RunRecord:
         return self.meta.onset_step is not None
 
 
+def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
+    """Run files under the given folders (recursively) and files, sorted, each once.
+
+    A folder without any ``*.parquet`` or a path that does not exist is an error that
+    says what was expected (it is never an empty training set).
+    """
+    paths: set[Path] = set()
+    for source in map(Path, sources):
+        if source.is_dir():
+            found = list_runs(source)
+            if not found:
+                raise ValueError(
+                    f"no runs found under {source}: expected *.parquet run files; make some "
+                    "with `collapse-guard data synth` or `collapse-guard data real`"
+                )
+            paths.update(found)
+        elif source.is_file():
+            paths.add(source)
+        else:
+            raise ValueError(
+                f"{source} does not exist: expected a folder of run files or a run file"
+            )
+    return sorted(paths)
+
+
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Read run files; duplicate run ids are an error (they would defeat the split)."""
     records: list[RunRecord] = []
@@ -88,9 +116,17 @@ def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     return records
 
 
-def data_fingerprint(metas: Iterable[RunMeta]) -> str:
-    """Short hash of the runs' ids, sources and labels (order-independent)."""
-    keys = sorted(f"{m.run_id}|{m.source}|{m.onset_step}|{m.label_version}" for m in metas)
+def data_fingerprint(runs: Iterable[RunRecord]) -> str:
+    """Short hash of the runs' ids, sources, labels and lengths (order-independent).
+
+    The one fingerprint of a training's data (the model's ``data_fingerprint``, the MLflow
+    tag, the bundled model's version): two trainings with the same one saw the same
+    labelled runs; a relabelled or regrown run changes it.
+    """
+    keys = sorted(
+        f"{r.run_id}|{r.meta.source}|{r.meta.onset_step}|{r.meta.label_version}|{len(r.frame)}"
+        for r in runs
+    )
     return hashlib.sha256("\n".join(keys).encode("utf-8")).hexdigest()[:16]
 
 
@@ -187,6 +223,41 @@ class TrainingData:
         return len(self.y)
 
 
+def run_rows(run: RunRecord, extractor, *, stride: int, horizon: int) -> TrainingData | None:
+    """One run's training rows (``build_training_data``); None when it has none."""
+    all_steps = run.frame["step"].to_numpy()
+    _, usable = collapse_targets(all_steps, run.meta.onset_step, horizon)
+    chosen = all_steps[usable][::stride]
+    if chosen.size == 0:
+        return None
+    feats = extractor.transform_run(run.frame, steps=chosen)
+    y, _ = collapse_targets(feats.index.to_numpy(), run.meta.onset_step, horizon)
+    n = len(feats)
+    return TrainingData(
+        X=feats.reset_index(drop=True),
+        y=np.asarray(y, dtype=np.int8),
+        groups=np.full(n, run.run_id, dtype=object),
+        source=np.full(n, run.meta.source, dtype=object),
+        steps=feats.index.to_numpy(),
+    )
+
+
+def concat_rows(parts: Sequence[TrainingData], n_runs: int) -> TrainingData:
+    """Rows of many runs, in the given order (row order feeds LightGBM's bagging)."""
+    if not parts:
+        raise ValueError(
+            f"no training rows from {n_runs} run(s): every run is empty or starts collapsed; "
+            "fix: pass run files with steps before their onset"
+        )
+    return TrainingData(
+        X=pd.concat([p.X for p in parts], ignore_index=True),
+        y=np.concatenate([p.y for p in parts]),
+        groups=np.concatenate([p.groups for p in parts]),
+        source=np.concatenate([p.source for p in parts]),
+        steps=np.concatenate([p.steps for p in parts]),
+    )
+
+
 def build_training_data(
     runs: Sequence[RunRecord],
     extractor,
@@ -197,33 +268,10 @@ def build_training_data(
     """Feature rows at every ``stride``-th step before onset of each run.
 
     ``extractor`` is a ``features.FeatureExtractor``. Rows at and after onset are
-    dropped (``collapse_targets``' ``usable``).
+    dropped (``collapse_targets``' ``usable``). ``predictor.fleet`` computes the same
+    rows on Dask workers (``run_rows`` per run, ``concat_rows`` in run order).
     """
     if stride < 1:
         raise ValueError(f"stride must be >= 1 step; got {stride}")
-    frames, ys, groups, sources, steps = [], [], [], [], []
-    for run in runs:
-        all_steps = run.frame["step"].to_numpy()
-        _, usable = collapse_targets(all_steps, run.meta.onset_step, horizon)
-        chosen = all_steps[usable][::stride]
-        if chosen.size == 0:
-            continue
-        feats = extractor.transform_run(run.frame, steps=chosen)
-        y, _ = collapse_targets(feats.index.to_numpy(), run.meta.onset_step, horizon)
-        frames.append(feats.reset_index(drop=True))
-        ys.append(np.asarray(y, dtype=np.int8))
-        groups.append(np.full(len(feats), run.run_id, dtype=object))
-        sources.append(np.full(len(feats), run.meta.source, dtype=object))
-        steps.append(feats.index.to_numpy())
-    if not frames:
-        raise ValueError(
-            f"no training rows from {len(runs)} run(s): every run is empty or starts collapsed; "
-            "fix: pass run files with steps before their onset"
-        )
-    return TrainingData(
-        X=pd.concat(frames, ignore_index=True),
-        y=np.concatenate(ys),
-        groups=np.concatenate(groups),
-        source=np.concatenate(sources),
-        steps=np.concatenate(steps),
-    )
+    parts = [run_rows(run, extractor, stride=stride, horizon=horizon) for run in runs]
+    return concat_rows([p for p in parts if p is not None], len(runs))

@@ -42,8 +42,14 @@ def run_records(synthetic_paths):
 
 
 @pytest.fixture(scope="session")
-def trained(synthetic_paths):
-    """(RiskModel, EvalReport) from the full pipeline on the 60 runs."""
+def training(synthetic_paths):
+    """The TrainingResult of the full pipeline on the 60 runs."""
     from collapse_guard.predictor.train import train_risk_model
 
     return train_risk_model(synthetic_paths, seed=0, stride=10, params=FAST_PARAMS)
+
+
+@pytest.fixture(scope="session")
+def trained(training):
+    """(RiskModel, EvalReport) of :func:`training`."""
+    return training.model, training.report

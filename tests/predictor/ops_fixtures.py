@@ -23,16 +23,22 @@ def synthetic_run_paths(root: Path) -> tuple[Path, ...]:
 
 
 @functools.cache
-def trained(root: Path):
-    """(RiskModel, EvalReport, {split name: RunRecords}) of one training on the synthetic runs."""
+def training(root: Path):
+    """The TrainingResult of one training on the synthetic runs."""
     from collapse_guard.predictor.train import train_risk_model
+
+    return train_risk_model(synthetic_run_paths(root), seed=0)
+
+
+@functools.cache
+def trained(root: Path):
+    """(RiskModel, EvalReport, {split name: RunRecords}) of :func:`training`."""
     from collapse_guard.predictor.training_data import load_runs
 
-    paths = synthetic_run_paths(root)
-    model, report = train_risk_model(paths, seed=0)
-    by_id = {r.run_id: r for r in load_runs(paths)}
-    splits = {name: [by_id[i] for i in ids] for name, ids in model.meta["split"].items()}
-    return model, report, splits
+    result = training(root)
+    by_id = {r.run_id: r for r in load_runs(synthetic_run_paths(root))}
+    splits = {role: [by_id[i] for i in result.ids(role)] for role in result.counts()}
+    return result.model, result.report, splits
 
 
 @functools.cache

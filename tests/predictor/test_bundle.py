@@ -7,7 +7,7 @@ own tests); these tests check what the bundle adds: runs, size limit, folder, pr
 from __future__ import annotations
 
 import pytest
-from ops_fixtures import N_RUNS, SEED, synthetic_run_paths, trained
+from ops_fixtures import N_RUNS, SEED, synthetic_run_paths, training
 
 from collapse_guard.predictor import bundle
 from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel
@@ -17,12 +17,12 @@ from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel
 def cached_training(tmp_path_factory, monkeypatch):
     import collapse_guard.predictor.train as train_module
 
-    model, report, _ = trained(tmp_path_factory.getbasetemp())
+    result = training(tmp_path_factory.getbasetemp())
     calls = []
 
     def fake(paths, **kwargs):
         calls.append(list(paths))
-        return model, report
+        return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)
     return calls
@@ -34,14 +34,18 @@ def work(tmp_path_factory):
     return synthetic_run_paths(tmp_path_factory.getbasetemp())[0].parent
 
 
-def test_bundle_writes_a_small_loadable_model(tmp_path, work, cached_training, capsys):
+def test_bundle_writes_a_small_loadable_model(
+    tmp_path, tmp_path_factory, work, cached_training, capsys
+):
     out = tmp_path / "default_model"
     argv = ["--synthetic", str(N_RUNS), "--seed", str(SEED), "--work", str(work)]
     bundle.main([*argv, "--out", str(out), "--real", str(work)])
     assert len(cached_training[0]) == 2 * N_RUNS  # synthetic + the "real" folder
     assert 0 < bundle.folder_bytes(out) < bundle.MAX_BYTES
     model = RiskModel.load(out)
-    assert model.meta["version"].startswith("default-")
+    # named by the training's one data fingerprint
+    fingerprint = training(tmp_path_factory.getbasetemp()).fingerprint
+    assert model.meta["version"] == f"default-{fingerprint}"
     assert model.meta["bundle"] == {"synthetic": N_RUNS, "real": N_RUNS, "seed": SEED}
     printed = capsys.readouterr().out
     assert "default model" in printed and "dsi" in printed

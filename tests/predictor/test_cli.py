@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import typer
-from ops_fixtures import mlflow_store, synthetic_run_paths, trained
+from ops_fixtures import mlflow_store, synthetic_run_paths, trained, training
 from typer.testing import CliRunner
 
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
@@ -34,12 +34,12 @@ def cached_training(tmp_path_factory, monkeypatch):
     """Make ``train_risk_model`` return the session's training; record how it was called."""
     import collapse_guard.predictor.train as train_module
 
-    model, report, _ = trained(tmp_path_factory.getbasetemp())
+    result = training(tmp_path_factory.getbasetemp())
     calls = []
 
     def fake(paths, **kwargs):
         calls.append({"paths": list(paths), **kwargs})
-        return model, report
+        return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)
     return calls
@@ -72,7 +72,7 @@ def test_train_logs_registers_and_promotes(
     assert result.exit_code == 0, result.output
     assert "now champion" in result.output
     assert len(cached_training[0]["paths"]) == len(list(runs_dir.glob("*.parquet")))
-    assert "fit" not in cached_training[0]
+    assert "rows" not in cached_training[0]
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("cli-train")
@@ -105,7 +105,7 @@ def test_train_logs_registers_and_promotes(
     assert "champion stays" in again.output, "an equal model must not take the alias"
 
 
-def test_train_with_dask_hands_a_cluster_fit_to_the_pipeline(
+def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
     runs_dir, cached_training, tmp_path_factory, monkeypatch
 ):
     from contextlib import contextmanager
@@ -121,8 +121,8 @@ def test_train_with_dask_hands_a_cluster_fit_to_the_pipeline(
     args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
     result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
     assert result.exit_code == 0, result.output
-    fit = cached_training[0]["fit"]
-    assert fit.func is fleet.fit_on_cluster and fit.keywords == {"client": "client for local"}
+    rows = cached_training[0]["rows"]
+    assert rows.func is fleet.cluster_rows and rows.keywords == {"client": "client for local"}
     assert "not registered" in result.output
 
 

@@ -1,29 +1,28 @@
-"""Fleet training: features on Dask workers, lightgbm.dask fit, same pipeline afterwards."""
+"""Fleet training: training rows computed on Dask workers, then the one training path."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from ops_fixtures import synthetic_run_paths, trained
+from ops_fixtures import synthetic_run_paths, training
 from sklearn.metrics import roc_auc_score
 
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor import fleet
 
 
-def test_chunk_rows_are_training_rows_with_their_target(tmp_path_factory):
-    from collapse_guard.predictor.training_data import build_training_data, load_runs
+def test_chunk_rows_are_each_runs_training_rows(tmp_path_factory):
+    from collapse_guard.predictor.training_data import build_training_data, concat_rows, load_runs
 
     paths = [str(p) for p in synthetic_run_paths(tmp_path_factory.getbasetemp())[:3]]
     extractor = FeatureExtractor(window=200, signals=("loss", "grad_norm", "attn_kl"))
-    names = list(extractor.schema.names)
-    rows = fleet.chunk_rows(
-        paths, window=200, signals=extractor.signals, stride=10, horizon=200, names=names
-    )
+    parts = fleet.chunk_rows(paths, window=200, signals=extractor.signals, stride=10, horizon=200)
+    rows = concat_rows(parts, len(paths))
     local = build_training_data(load_runs(paths), extractor, stride=10)
-    assert list(rows.columns[:-1]) == names
-    np.testing.assert_array_equal(rows[names].to_numpy(), local.X[names].to_numpy())
-    np.testing.assert_array_equal(rows.iloc[:, -1].to_numpy(), local.y)
+    assert len(parts) == 3 and list(rows.X.columns) == list(extractor.schema.names)
+    np.testing.assert_array_equal(rows.X.to_numpy(), local.X.to_numpy())
+    np.testing.assert_array_equal(rows.y, local.y)
+    np.testing.assert_array_equal(rows.groups, local.groups)
 
 
 def test_a_scheduler_must_be_local_or_an_address():
@@ -32,24 +31,26 @@ def test_a_scheduler_must_be_local_or_an_address():
 
 
 @pytest.mark.slow
-def test_dask_trained_model_round_trips_and_learns_its_training_rows(tmp_path_factory, tmp_path):
-    from collapse_guard.predictor.risk import RiskModel
-    from collapse_guard.predictor.train import set_levels
-    from collapse_guard.predictor.training_data import build_training_data
+def test_a_dask_training_is_the_local_training(tmp_path_factory):
+    """One training path: rows from the workers, then the same fit, levels and evaluation.
 
-    _, _, splits = trained(tmp_path_factory.getbasetemp())
+    Before issue 11 the Dask path fitted with lightgbm.dask (per-partition bins, no early
+    stopping) and ranked the test rows at ROC-AUC 0.53 against 0.67 locally; now the
+    model string, the levels and the test ranking are the local ones.
+    """
+    from collapse_guard.predictor.train import train_risk_model
+
+    root = tmp_path_factory.getbasetemp()
+    local = training(root)
     with fleet.fleet_client("local") as client:
-        model, _ = fleet.fit_on_cluster(splits["train"], splits["validation"], client=client)
-    set_levels(model, [r for r in splits["validation"] if not r.collapsed])
-    assert model.meta["trainer"].startswith("lightgbm.dask on")
-    reloaded = RiskModel.load(model.save(tmp_path / "model"))
-    assert reloaded.booster.model_to_string() == model.booster.model_to_string()
+        dask = train_risk_model(synthetic_run_paths(root), seed=0, rows=fleet.rows_on(client))
+    assert dask.model.booster.model_to_string() == local.model.booster.model_to_string()
+    assert dask.model.thresholds == local.model.thresholds
+    assert dask.fingerprint == local.fingerprint and dask.runs == local.runs
 
-    # What the Dask fit learned, on its own training rows (each partition bins its own
-    # data, so on 48 runs the fit is not the local one). On synthetic version 2 (decoys,
-    # no shortcuts) its test ranking fell to row ROC-AUC 0.53 against 0.67 for the local
-    # fit (Spearman -0.54 between the two): the fleet path needs larger data or shared
-    # bin boundaries before it ranks like the local model (issue 11), so this test pins
-    # that it learns, not that it generalises like the local fit
-    rows = build_training_data(splits["train"], model.extractor, stride=10)
-    assert roc_auc_score(rows.y, model.predict_features(rows.X)) > 0.8
+    def test_auc(result):
+        rows = result.report.row_scores["model"]
+        return roc_auc_score(rows["y"], np.nan_to_num(rows["score"]))
+
+    assert test_auc(dask) == pytest.approx(test_auc(local), abs=1e-12)
+    assert test_auc(dask) > 0.6  # measured 0.669 on these runs (chance 0.5)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from ops_fixtures import mlflow_store, trained
 
-from collapse_guard.predictor import registry
-from collapse_guard.predictor.cli import comparison_scores
+from collapse_guard.predictor import promotion, registry
 from collapse_guard.predictor.risk import RiskModel
 
 
@@ -23,21 +21,24 @@ def store(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """The trained model, a model fitted on label-shuffled runs, and the test runs."""
-    from collapse_guard.predictor.train import fit_risk_model, set_levels
+    """The trained model, two copies at other warn levels, and the test runs.
+
+    ``eager``: levels set for one false alarm per 100 healthy steps (an operator's looser
+    budget): it catches the test collapses within that budget. ``silent``: levels above
+    every score, so it never alarms. Promotion judges each at its own stored level.
+    """
+    from collapse_guard.predictor.train import set_levels
 
     model, _, splits = trained(tmp_path_factory.getbasetemp())
-    train, val = splits["train"], splits["validation"]
-    # deal the onsets out to other runs: same label balance, no relation to the signals
-    onsets = [r.meta.onset_step for r in train]
-    order = np.random.default_rng(0).permutation(len(train))
-    shuffled = [
-        replace(r, meta=replace(r.meta, onset_step=onsets[j]))
-        for r, j in zip(train, order, strict=True)
-    ]
-    worse, _ = fit_risk_model(shuffled, val, seed=0)
-    set_levels(worse, [r for r in val if not r.collapsed])
-    return model, worse, splits["test"]
+    folder = tmp_path_factory.mktemp("levels")
+
+    def copy(name):
+        return RiskModel.load_folder(model.save(folder / name))
+
+    healthy = [r for r in splits["validation"] if not r.collapsed]
+    eager = set_levels(copy("eager"), healthy, {"watch": 10, "warn": 100, "critical": 1000})
+    silent = copy("silent").with_thresholds({"watch": 1.01, "warn": 1.01, "critical": 1.01})
+    return model, eager, silent, splits["test"]
 
 
 def test_tracking_uri_defaults_to_sqlite_under_cwd(tmp_path, monkeypatch):
@@ -47,18 +48,6 @@ def test_tracking_uri_defaults_to_sqlite_under_cwd(tmp_path, monkeypatch):
     assert (tmp_path / "mlruns").is_dir()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
     assert registry.tracking_uri() == "http://example:5000"
-
-
-def test_beats_primary_then_tie_break():
-    assert registry.beats(
-        {"recall_at_warn": 0.8, "pr_auc": 0.1}, {"recall_at_warn": 0.7, "pr_auc": 0.9}
-    )
-    assert registry.beats(
-        {"recall_at_warn": 0.8, "pr_auc": 0.5}, {"recall_at_warn": 0.8, "pr_auc": 0.4}
-    )
-    same = {"recall_at_warn": 0.8, "pr_auc": 0.5}
-    assert not registry.beats(same, dict(same)), "a tie must not move the champion"
-    assert registry.beats({"recall_at_warn": 0.0, "pr_auc": 0.1}, {"recall_at_warn": math.nan})
 
 
 def test_experiment_artifacts_live_beside_the_database(store):
@@ -71,94 +60,105 @@ def test_experiment_artifacts_live_beside_the_database(store):
     assert location == f"file://{database_folder}/artifacts/artifact-place"
 
 
-def test_champion_moves_only_when_beaten_and_loads_by_alias(store, models):
+def test_champion_moves_only_when_the_rule_says_and_loads_by_alias(store, models):
     import mlflow
 
-    good, worse, test_runs = models
-    score = comparison_scores(test_runs, good.budgets)
+    _, eager, silent, test_runs = models
     name = "cp-promotion"
 
     def log(model, label):
         return registry.log_training(
             model,
             metrics={"m": 1.0},
-            score=score,
+            comparison_runs=test_runs,
             params={"label": label},
             fingerprint=label,
             experiment="promotion",
             model_name=name,
         )
 
-    first = log(worse, "worse")
+    first = log(silent, "silent")
     assert first.promoted and first.version == "1" and first.previous_champion is None
     assert registry.champion_version(name) == "1"
 
-    better = log(good, "good")
-    assert better.new_scores == score(good)
-    assert registry.beats(better.new_scores, better.champion_scores), (
-        f"the trained model should beat one fitted on shuffled labels: {better}"
-    )
-    assert better.promoted and registry.champion_version(name) == "2"
+    better = log(eager, "eager")
+    challenger, champion = better.decision.challenger, better.decision.champion
+    # each at its own stored warn level, on the same runs
+    assert challenger == promotion.score_at_warn(eager, test_runs)
+    assert champion.threshold == 1.01 and challenger.threshold == eager.thresholds["warn"]
+    assert (champion.caught, champion.false_alarms) == (0, 0)
+    assert challenger.caught == challenger.n_collapsed == 4 and challenger.within_budget
+    assert better.promoted and registry.champion_version(name) == "2", better.reason
 
-    again = log(worse, "worse-again")
-    assert not again.promoted, again
+    again = log(silent, "silent-again")
+    assert not again.promoted and "no higher recall" in again.reason
     assert registry.champion_version(name) == "2"
     run = mlflow.MlflowClient(store).get_run(again.run_id)
     assert run.data.tags["promotion"] == "kept"
     assert run.data.tags["previous_champion"] == "2"
-    assert "compare.champion.recall_at_warn" in run.data.metrics
-    assert "compare.new.pr_auc" in run.data.metrics
+    assert run.data.metrics["compare.champion.recall_at_warn"] == 1.0
+    assert run.data.metrics["compare.challenger.recall_at_warn"] == 0.0
+    assert run.data.metrics["compare.n_runs"] == len(test_runs)
+    record = mlflow.artifacts.load_dict(f"runs:/{again.run_id}/promotion.json")
+    assert record["comparison_run_ids"] == [r.run_id for r in test_runs]
 
     loaded = RiskModel.load(f"models:/{name}@champion")
     assert loaded.meta["version"] == "2"
-    assert loaded.meta["data_fingerprint"] == good.meta["data_fingerprint"]
-    assert loaded.booster.model_to_string() == good.booster.model_to_string()
+    assert loaded.meta["data_fingerprint"] == eager.meta["data_fingerprint"]
+    assert loaded.thresholds == eager.thresholds
     by_number = RiskModel.load(f"models:/{name}/3")
-    assert by_number.booster.model_to_string() == worse.booster.model_to_string()
+    assert by_number.thresholds == silent.thresholds
 
 
-def test_pyfunc_model_scores_a_run_like_the_risk_model(store, models):
+def test_the_pyfunc_model_is_code_not_a_pickle_and_scores_like_the_folder(store, models, tmp_path):
     import mlflow
 
-    good, _, test_runs = models
+    good, _, _, test_runs = models
     record = registry.log_training(
-        good,
-        metrics={},
-        score=lambda m: {},
-        params={},
-        fingerprint="f",
-        experiment="pyfunc",
-        model_name="cp-pyfunc",
+        good, params={}, fingerprint="f", experiment="pyfunc", model_name="cp-pyfunc"
     )
     assert record.promoted
+    uri = "models:/cp-pyfunc@champion"
+    local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path))
+    files = {p.name for p in Path(local).rglob("*") if p.is_file()}
+    assert not {f for f in files if f.endswith(".pkl")}, files
+    assert "pyfunc_model.py" in files and "model.txt" in files
+
     frame = test_runs[0].frame
-    served = mlflow.pyfunc.load_model("models:/cp-pyfunc@champion").predict(frame)
+    served = mlflow.pyfunc.load_model(uri).predict(frame)
     expected = good.predict_run(frame)
     assert list(served.columns) == ["step", "p_collapse", "level"]
     np.testing.assert_allclose(served["p_collapse"].to_numpy(), expected.to_numpy())
-    assert set(served["level"]) <= {"ok", "watch", "warn", "critical"}
+    assert list(served["level"]) == [good.level(p) for p in expected.to_numpy()]
+    loaded = RiskModel.load(uri)
+    np.testing.assert_array_equal(loaded.predict_run(frame).to_numpy(), expected.to_numpy())
+
+
+def test_loading_by_uri_leaves_no_temporary_folder(store, models, monkeypatch, tmp_path):
+    good, _, _, _ = models
+    registry.log_training(good, params={}, fingerprint="f", experiment="leak", model_name="cp-leak")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    for _ in range(3):
+        RiskModel.load("models:/cp-leak@champion")
+    assert list(scratch.iterdir()) == []
 
 
 def test_loading_an_unknown_model_says_what_to_do(store):
     with pytest.raises(ValueError, match="collapse-guard train"):
-        registry.load_model_folder("models:/no-such-model@champion")
+        RiskModel.load("models:/no-such-model@champion")
 
 
 def test_a_champion_this_code_cannot_load_is_replaced(store, models, monkeypatch):
     from collapse_guard.predictor.risk import ModelFormatError
 
-    good, _, _ = models
+    good, _, _, _ = models
     name = "cp-stale"
 
     def log():
         return registry.log_training(
-            good,
-            metrics={},
-            score=lambda m: {"recall_at_warn": 0.5, "pr_auc": 0.5},
-            params={},
-            fingerprint="f",
-            experiment="stale",
-            model_name=name,
+            good, params={}, fingerprint="f", experiment="stale", model_name=name
         )
 
     assert log().promoted

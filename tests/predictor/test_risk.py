@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -125,15 +124,34 @@ def test_default_load_without_bundle_says_make_default_model(monkeypatch, tmp_pa
         RiskModel.load()
 
 
-def test_registry_uri_is_resolved_by_the_registry_module(model, tmp_path, monkeypatch):
+def test_registry_uri_is_resolved_by_the_store_module(model, tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    from collapse_guard.predictor import store
+
     folder = model.save(tmp_path / "m")
     seen = []
-    fake = types.ModuleType("collapse_guard.predictor.registry")
-    fake.load_model_folder = lambda uri: seen.append(uri) or folder
-    monkeypatch.setitem(sys.modules, "collapse_guard.predictor.registry", fake)
+
+    @contextmanager
+    def fetched(uri):
+        seen.append(uri)
+        yield folder, {"version": "7", "name": "collapse-predictor", "run_id": "r"}
+
+    monkeypatch.setattr(store, "fetched_model_folder", fetched)
     loaded = RiskModel.load("models:/collapse-predictor@champion")
     assert seen == ["models:/collapse-predictor@champion"]
     assert loaded.thresholds == model.thresholds
+    assert loaded.meta["version"] == "7"
+    assert loaded.meta["source"] == "models:/collapse-predictor@champion"
+
+
+def test_library_modules_import_without_a_circle_or_the_command_line():
+    # the registry first (it imports risk), then risk first (it imports the store); the
+    # library never needs the command line module
+    for order in ("registry, bundle, fleet", "risk, registry"):
+        modules = ", ".join(f"collapse_guard.predictor.{m}" for m in order.split(", "))
+        code = f"import sys, {modules}; assert 'collapse_guard.predictor.cli' not in sys.modules"
+        subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_importing_the_predictor_pulls_neither_torch_nor_mlflow():

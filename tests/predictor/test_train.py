@@ -30,10 +30,11 @@ def test_pipeline_meta_split_and_levels(trained, run_records):
 def test_same_seed_gives_the_same_model_string(synthetic_paths):
     paths = synthetic_paths[:30]
     kwargs = {"seed": 5, "stride": 25, "params": {"n_estimators": 15, "min_child_samples": 20}}
-    a, _ = train_risk_model(paths, **kwargs)
-    b, _ = train_risk_model(list(reversed(paths)), **kwargs)
-    assert a.booster.model_to_string() == b.booster.model_to_string()
-    assert a.thresholds == b.thresholds
+    a = train_risk_model(paths, **kwargs)
+    b = train_risk_model(list(reversed(paths)), **kwargs)
+    assert a.model.booster.model_to_string() == b.model.booster.model_to_string()
+    assert a.model.thresholds == b.model.thresholds
+    assert a.fingerprint == b.fingerprint and a.runs == b.runs
 
 
 def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
@@ -58,6 +59,28 @@ def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
     assert model.meta["threshold_healthy_steps"] >= 2 * model.budgets["watch"]
     assert watch.fa_per_10k <= 5 * 1e4 / model.budgets["watch"]
     assert watch.caught > 0 and watch.median_lead >= 20
+
+
+def test_the_result_holds_one_fingerprint_and_the_split_it_made(training, run_records):
+    from collapse_guard.predictor.train import SplitRecord, TrainingResult
+    from collapse_guard.predictor.training_data import data_fingerprint
+
+    assert isinstance(training, TrainingResult)
+    # one fingerprint: the result's, the model's and training_data's agree
+    assert training.fingerprint == data_fingerprint(run_records)
+    assert training.model.meta["data_fingerprint"] == training.fingerprint
+    split = training.model.meta["split"]
+    assert {role: training.ids(role) for role in split} == {k: sorted(v) for k, v in split.items()}
+    assert training.counts() == training.model.meta["n_runs"]
+    assert [r.run_id for r in training.test_runs] == sorted(split["test"])
+    by_id = {r.run_id: r for r in run_records}
+    for record in training.runs:
+        meta = by_id[record.run_id].meta
+        assert record.source == meta.source and record.onset_step == meta.onset_step
+        assert record.family == "synthetic"
+        assert (record.kind is None) == (meta.onset_step is None)
+    assert {r.kind for r in training.runs if r.collapsed} >= {"nonfinite"}
+    assert SplitRecord.__dataclass_params__.frozen and TrainingResult.__dataclass_params__.frozen
 
 
 def test_the_model_stores_the_runs_it_trained_and_validated_on(trained):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from collapse_guard.datasets.label import collapse_targets
 from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.training_data import (
+    RunRecord,
     build_training_data,
     data_fingerprint,
+    find_run_files,
     split_runs,
 )
 
@@ -75,8 +78,22 @@ def test_rows_stop_before_onset_and_no_test_window_is_trained_on(run_records):
     assert set(data.source) == {"synthetic"}
 
 
-def test_fingerprint_ignores_order_but_not_labels():
-    metas = _metas(10)
-    assert data_fingerprint(metas) == data_fingerprint(reversed(metas))
-    changed = [*metas[:-1], RunMeta(run_id="r009", source="imported", onset_step=1)]
-    assert data_fingerprint(changed) != data_fingerprint(metas)
+def test_fingerprint_ignores_order_but_not_labels_or_lengths():
+    frame = pd.DataFrame({"step": np.arange(5)})
+    runs = [RunRecord(frame, m) for m in _metas(10)]
+    assert data_fingerprint(runs) == data_fingerprint(reversed(runs))
+    relabelled = RunMeta(run_id="r009", source="imported", onset_step=1)
+    changed = [*runs[:-1], RunRecord(frame, relabelled)]
+    assert data_fingerprint(changed) != data_fingerprint(runs)
+    regrown = [*runs[:-1], RunRecord(pd.DataFrame({"step": np.arange(6)}), runs[-1].meta)]
+    assert data_fingerprint(regrown) != data_fingerprint(runs)
+
+
+def test_find_run_files_sorts_dedupes_and_refuses_empty_or_missing(tmp_path, synthetic_paths):
+    folder = synthetic_paths[0].parent
+    found = find_run_files([folder, synthetic_paths[0]])
+    assert found == sorted(synthetic_paths) and len(found) == len(synthetic_paths)
+    with pytest.raises(ValueError, match="no runs found under"):
+        find_run_files([tmp_path])
+    with pytest.raises(ValueError, match="does not exist: expected a folder"):
+        find_run_files([tmp_path / "nope"])
