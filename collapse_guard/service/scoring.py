@@ -6,8 +6,8 @@ each answer equals ``RiskModel.predict_window`` on that run alone, to the bit (t
 
 Per-window Python is what a batch costs beyond the model (measured on 64 windows of 200
 steps, loaded 2-core machine): so the features are one kernel call for the whole batch,
-the contributions one ``pred_contrib`` call, the top factors one ``argsort``, and the
-answers are built without re-validating numbers this code computed.
+the contributions one call of the leaf-table kernel (treeshap.py), the top factors one
+``argsort``, and the answers are built without re-validating numbers this code computed.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from collapse_guard.features import window_features
 from collapse_guard.features.context import context_vector
 from collapse_guard.features.windows import dense_grid
 from collapse_guard.service.runs import RunWindow
+from collapse_guard.service.treeshap import LeafTables
+from collapse_guard.service.treeshap import build as build_tables
 from collapse_guard.service.wire import (
     ExplainResponse,
     Factor,
@@ -153,6 +155,16 @@ class Scorer:
             signals=signals,
         )
 
+    @cached_property
+    def _shap_tables(self) -> LeafTables | None:
+        # built when the model is loaded and checked (model_state), not on a request
+        return build_tables(self.model.booster)
+
     def _contributions(self, X: np.ndarray) -> np.ndarray:
-        # SHAP values on the raw log-odds scale; the last column is the expected value
+        """LightGBM's TreeSHAP values on the raw log-odds scale (expected value left out):
+        from the leaf tables when the booster has them (treeshap.py: 0.1 ms a window
+        instead of 0.45), else from ``pred_contrib`` itself."""
+        tables = self._shap_tables
+        if tables is not None:
+            return tables.contributions(X)
         return self.model.booster.predict(X, pred_contrib=True, num_threads=1)[:, :-1]
