@@ -41,7 +41,10 @@ def train_command(
     seed: Annotated[int, typer.Option(help="Seeds the run split and LightGBM.")] = 0,
     dask: Annotated[
         str | None,
-        typer.Option(help="Train on Dask: 'local' (2-worker cluster) or a scheduler address."),
+        typer.Option(
+            help="Compute the training rows on Dask: 'local' (2-worker cluster) or a "
+            "scheduler address; the fit is the same as without."
+        ),
     ] = None,
     register: Annotated[
         bool, typer.Option(help="Register in MLflow as collapse-predictor; promote if better.")
@@ -49,7 +52,9 @@ def train_command(
 ) -> None:
     """Train a risk model, log it to MLflow, register it and promote it if it beats the champion.
 
-    Tracking store: MLFLOW_TRACKING_URI, else SQLite at ./mlruns/mlflow.db.
+    Promotion: both models at their own stored warn level on the new test runs the
+    champion never saw; the new one must catch more collapses within its false-alarm
+    budget. Tracking store: MLFLOW_TRACKING_URI, else SQLite at ./mlruns/mlflow.db.
     """
     from contextlib import nullcontext
 
