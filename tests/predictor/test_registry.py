@@ -110,7 +110,9 @@ def test_champion_moves_only_when_the_rule_says_and_loads_by_alias(store, models
     assert by_number.thresholds == silent.thresholds
 
 
-def test_the_pyfunc_model_is_code_not_a_pickle_and_scores_like_the_folder(store, models, tmp_path):
+def test_the_pyfunc_model_is_code_not_a_pickle_and_scores_like_the_folder(
+    store, models, tmp_path, capfd
+):
     import mlflow
 
     good, _, _, test_runs = models
@@ -118,6 +120,8 @@ def test_the_pyfunc_model_is_code_not_a_pickle_and_scores_like_the_folder(store,
         good, params={}, fingerprint="f", experiment="pyfunc", model_name="cp-pyfunc"
     )
     assert record.promoted
+    # MLflow warns (on stderr) whenever it pickles a python_model with CloudPickle
+    assert "CloudPickle" not in capfd.readouterr().err
     uri = "models:/cp-pyfunc@champion"
     local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path))
     files = {p.name for p in Path(local).rglob("*") if p.is_file()}
