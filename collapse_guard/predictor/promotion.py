@@ -16,7 +16,10 @@ The rule (:func:`decide`), applied to the challenger against the current champio
 
 1. no champion yet (or one this code cannot load): the challenger is promoted;
 2. the challenger must hold its own warn budget on the comparison runs, else it is kept
-   out, whatever its recall (recall bought with false alarms is not an improvement);
+   out, whatever its recall (recall bought with false alarms is not an improvement).
+   Budgets are the operator's training setting (``levels.DEFAULT_BUDGETS`` unless
+   changed), not something a model learns, so both models normally share them; when
+   the operator retrains with another budget, the new one is what they asked for;
 3. then it is promoted only with a strictly higher recall, or the same recall with
    strictly fewer false alarms per 10k healthy steps. A tie keeps the champion;
 4. a recall that cannot be measured (no collapsing run among the comparison runs) ranks
