@@ -15,7 +15,7 @@ The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order
             # <DECIDE>    decision.decide(facts): skip / rescue / level actions (pure)
             # <APPLY>     clip (global, outlier layers), LR x multiplier, optimizer.step()
             #             or not, scaler.update(), probe.after_step(), LR restored
-            # <RESCUE>    forensics, roll back to the ring's average, skip batches, lower LR
+            # <RESCUE>    forensics, roll back to the ring's average, skip batches, cap the LR
             # <RECORD>    the step's row and events into the run file (source "guarded")
             # <KEEP>      a healthy checkpoint when due; the window to the risk source
         optimizer.zero_grad()
@@ -60,7 +60,8 @@ from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = ["STATE_VERSION", "Guard", "GuardGaveUp"]
 
-STATE_VERSION = 1  # layout of Guard.state_dict(); bump when a key changes meaning
+STATE_VERSION = 2  # layout of Guard.state_dict(); bump when a key changes meaning (2: the
+# rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added)
 _FORCEABLE = ("skip", "rescue", "checkpoint")
 _DEFAULT_WINDOW = 200  # records kept without a risk model (DESIGN.md's window)
 
