@@ -5,9 +5,10 @@ same rows, and a row's probability does not depend on the other rows of the batc
 each answer equals ``RiskModel.predict_window`` on that run alone, to the bit (tested).
 
 Per-window Python is what a batch costs beyond the model (measured on 64 windows of 200
-steps, loaded 2-core machine): so the features are one kernel call for the whole batch,
-the contributions one call of the leaf-table kernel (treeshap.py), the top factors one
-``argsort``, and the answers are built without re-validating numbers this code computed.
+steps, loaded 2-core machine): so the features are one kernel call on one grid for the
+whole batch, the contributions one call of the leaf-table kernel (treeshap.py), the top
+factors one ``argsort``, and the answers are built without re-validating numbers this
+code computed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from functools import cached_property
 
 import numpy as np
 
-from collapse_guard.features import window_features
 from collapse_guard.features.context import context_vector
-from collapse_guard.features.windows import dense_grid
+from collapse_guard.features.stats import grid_features
 from collapse_guard.service.runs import RunWindow
 from collapse_guard.service.treeshap import LeafTables
 from collapse_guard.service.treeshap import build as build_tables
@@ -73,24 +73,35 @@ class Scorer:
         No pandas frame per run (~1 ms each here) and no kernel call per run (64 windows:
         ~3 ms instead of ~8 ms of per-call overhead).
         """
-        schema = self.model.schema
-        grids = np.stack([self._grid(w) for w in windows])  # (runs, signals, window)
-        values = window_features(grids.transpose(0, 2, 1), self.signals)
+        schema, width = self.model.schema, self.model.schema.window
+        # the windows side by side on one step grid, written in place: window i ends at
+        # column (i + 1) * width - 1 (window_features' layout, without its stack and
+        # transposed copy, nor a grid per window: ~4.6 -> ~1.5 ms for 64 windows here)
+        grid = np.full((len(self.signals), len(windows) * width), np.nan)
+        for i, window in enumerate(windows):
+            self._place(window, grid[:, i * width : (i + 1) * width])
+        ends = np.arange(1, len(windows) + 1) * width - 1
+        values = grid_features(grid, ends, self.signals, width)
         contexts = [context_vector(w.context, schema.context) for w in windows]
         return np.concatenate([values, np.stack(contexts).reshape(len(windows), -1)], axis=1)
 
-    def _grid(self, window: RunWindow) -> np.ndarray:
-        """``(n_signals, schema.window)`` values of the window ending at its last step."""
-        # only the last `window` rows can fall in the window (steps strictly increase)
-        start = max(len(window.steps) - self.model.schema.window, 0)
+    def _place(self, window: RunWindow, out: np.ndarray) -> None:
+        """Write the window ending at its last step into ``out`` ``(n_signals, width)``,
+        NaN-filled: the column of step s is ``s - (now - width + 1)`` (dense_grid's)."""
+        width = out.shape[1]
+        # only the last `width` rows can fall in the window (steps strictly increase)
+        start = max(len(window.steps) - width, 0)
         steps = window.steps[start:]
-        values = np.full((len(self.signals), len(steps)), np.nan)
+        first = int(steps[-1]) - width + 1
+        if steps[-1] - steps[0] == len(steps) - 1:  # one row per step (the usual log)
+            at: slice | np.ndarray = slice(int(steps[0]) - first, width)
+        else:  # gaps: rows before the window's first step fall out
+            inside = int(np.searchsorted(steps, first))
+            start, at = start + inside, steps[inside:] - first
         for j, name in enumerate(self.signals):
             column = window.columns.get(name)
             if column is not None:
-                values[j] = column[start:]
-        now = int(steps[-1])
-        return dense_grid(steps, values, now - self.model.schema.window + 1, now)
+                out[j, at] = column[start:]
 
     def score(self, windows: Sequence[RunWindow], top_k: int = 5) -> list[RiskResult]:
         """One answer per window, in order."""
