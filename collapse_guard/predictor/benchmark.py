@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.errors import UserInputError
 
 __all__ = [
     "BENCHMARK_CONTEXT",
@@ -165,9 +166,10 @@ def record_benchmark(
 
     ids = tuple(sorted(run_ids))
     if not ids:
-        raise ValueError(
-            "no run can be set apart as the frozen benchmark: expected runs in the dataset "
-            "folder that the champion never trained on; fix: add run files with --runs"
+        raise UserInputError(
+            "no run can be set apart as the frozen benchmark: every run in the dataset "
+            "folder was trained or validated on by the champion",
+            "add run files the champion never saw (--runs)",
         )
     chosen = FrozenBenchmark(ids, ids_digest(ids), "", created=True)
     _client()  # points mlflow at the store

@@ -15,7 +15,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 import shutil
 
 import pytest
-from lifecycle_settings import SHORT
+from lifecycle_settings import RUNS
 
 from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
 
@@ -43,19 +43,19 @@ def store(tmp_path, empty_store, monkeypatch):
 
 @pytest.fixture(scope="session")
 def base_paths(tmp_path_factory):
-    """40 short labelled synthetic runs (seed 11): the dataset before any retrain."""
-    return generate_synthetic_runs(40, tmp_path_factory.mktemp("base_runs"), seed=11, config=SHORT)
+    """60 short labelled synthetic runs (seed 11): the dataset before any retrain."""
+    return generate_synthetic_runs(60, tmp_path_factory.mktemp("base_runs"), seed=11, config=RUNS)
 
 
 @pytest.fixture(scope="session")
 def new_paths(tmp_path_factory):
     """12 more runs (seed 12): what a fleet produced since."""
-    return generate_synthetic_runs(12, tmp_path_factory.mktemp("new_runs"), seed=12, config=SHORT)
+    return generate_synthetic_runs(12, tmp_path_factory.mktemp("new_runs"), seed=12, config=RUNS)
 
 
 @pytest.fixture
 def base(tmp_path, base_paths):
-    """This test's own dataset folder, holding a copy of the 40 base runs."""
+    """This test's own dataset folder, holding a copy of the 60 base runs."""
     folder = tmp_path / "dataset"
     shutil.copytree(base_paths[0].parent, folder)
     return folder
