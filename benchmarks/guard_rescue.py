@@ -384,25 +384,27 @@ def _done(results: Path) -> dict[tuple[int, str, str], dict]:
 def _tasks(args, configs: list[dict], done: dict) -> list[dict]:
     key = {"guarded": guard_key()}
     tasks = []
-    for arm in args.arms:  # cheap arms first: the guarded arm waits for the guard
-        for c in configs:
-            k = key.get(arm, "-")
-            if (c["index"], arm, k) in done:
-                continue
-            rerun = args.rerun_unguarded and arm == "unguarded"
-            path = None if rerun or arm in ("guarded", "safe_lr") else str(c["path"])
-            tasks.append(
-                {
-                    "index": c["index"],
-                    "half": c["half"],
-                    "mechanism": c["mechanism"],
-                    "arm": arm,
-                    "key": k,
-                    "seed": args.seed,
-                    "steps": args.steps,
-                    "path": path,
-                }
-            )
+    pairs = [(arm, c) for arm in args.arms for c in configs]  # arm by arm, in --arms order
+    if args.by_config:  # configuration by configuration: complete rows first
+        pairs = [(arm, c) for c in configs for arm in args.arms]
+    for arm, c in pairs:
+        k = key.get(arm, "-")
+        if (c["index"], arm, k) in done:
+            continue
+        rerun = args.rerun_unguarded and arm == "unguarded"
+        path = None if rerun or arm in ("guarded", "safe_lr") else str(c["path"])
+        tasks.append(
+            {
+                "index": c["index"],
+                "half": c["half"],
+                "mechanism": c["mechanism"],
+                "arm": arm,
+                "key": k,
+                "seed": args.seed,
+                "steps": args.steps,
+                "path": path,
+            }
+        )
     return tasks
 
 
@@ -410,10 +412,10 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
-def report(results: Path) -> None:
-    """The per-configuration and per-half tables (markdown) from the results file."""
+def report(results: Path, current: str) -> None:
+    """The per-configuration and per-half tables (markdown) from the results file; the
+    guarded arm's rows are those of guard source ``current``."""
     done = _done(results)
-    current = guard_key()
     by: dict[int, dict[str, dict]] = defaultdict(dict)
     for (index, arm, key), row in done.items():
         if arm != "guarded" or key == current:
@@ -441,6 +443,18 @@ def report(results: Path) -> None:
         print("| " + " | ".join(cells) + " |")
     print()
     _half_table(by)
+    walls = defaultdict(list)
+    for arms in by.values():
+        for arm, row in arms.items():
+            if row.get("source") is None:  # trained here, not read from the sweep
+                walls[arm].append(row["seconds"])
+    print(
+        "\nmedian wall per run: "
+        + ", ".join(
+            f"{arm} {statistics.median(v):.0f} s ({len(v)} runs)"
+            for arm, v in sorted(walls.items())
+        )
+    )
 
 
 def _outcome(row: dict | None) -> str:
@@ -488,7 +502,11 @@ def main() -> None:
     parser.add_argument("--only", type=int, nargs="*", help="these sweep indices only")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--rerun-unguarded", action="store_true")
+    parser.add_argument(
+        "--by-config", action="store_true", help="all arms of a configuration before the next"
+    )
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--guard-key", help="report the guarded runs of this guard source hash")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
@@ -509,7 +527,7 @@ def main() -> None:
                     flush=True,
                 )
         print(f"wall {time.perf_counter() - began:.0f} s", flush=True)
-    report(results)
+    report(results, args.guard_key or guard_key())
 
 
 if __name__ == "__main__":
