@@ -279,6 +279,18 @@ def _record(run_id, base, benchmark, training_ids, fingerprint, report, unreadab
         mlflow.set_tag(STATE_TAG, _DONE)
 
 
+def _abandon(run_id: str, model_name: str) -> None:
+    """An attempt logged but never decided (a crash while logging): marked, never resumed.
+
+    Its registered version (if it got that far) is tagged too: it never becomes champion.
+    """
+    client = _client()
+    client.set_tag(run_id, STATE_TAG, _ABANDONED)
+    version = _version_of(run_id, model_name)
+    if version is not None:
+        client.set_model_version_tag(model_name, version, STATE_TAG, _ABANDONED)
+
+
 def _finish_decided(run, model_name: str) -> tuple[str, str | None]:
     """Apply a logged verdict whose alias move may not have happened: (version, champion).
 
@@ -413,8 +425,7 @@ def retrain(
         if "promotion" in attempt.data.tags:
             _log(progress, f"this retrain was decided before: MLflow run {attempt.info.run_id}")
             return _resumed(attempt, model_name, record, **common)
-        # logged but never decided: a crash while logging; train again
-        _client().set_tag(attempt.info.run_id, STATE_TAG, _ABANDONED)
+        _abandon(attempt.info.run_id, model_name)
     result = _train(sorted(training.values()), settings, dask, progress)
     comparison = _comparison_runs(dataset, benchmark, report.run_ids)
     logged = _log_challenger(result, comparison, key, benchmark, experiment, model_name)

@@ -116,6 +116,12 @@ def test_file_url_and_plain_paths(tmp_path, new_paths):
     assert "no such file or folder" in report.rejected[0].reason
 
 
+def test_the_dataset_folder_itself_is_already_there(base):
+    # a run put in the dataset by hand (no ingest record) is recognised by its bytes
+    report = ingest_runs([base], base)
+    assert len(report.already) == 60 and report.ingested == [] and report.rejected == []
+
+
 def test_a_run_id_already_there_with_other_data_is_rejected(tmp_path, new_paths):
     ingest_runs([new_paths[0]], tmp_path / "d")
     frame, meta = read_run(new_paths[0])

@@ -106,6 +106,7 @@ def test_a_crash_halfway_loses_nothing(store, base, new_paths, monkeypatch):
     )
     tags = {r.data.tags.get(STATE_TAG, "open"): r.data.tags.get("promotion") for r in attempts}
     assert tags == {"abandoned": None, "open": "promoted"}
+    assert client.get_model_version(NAME, "2").tags[STATE_TAG] == "abandoned"
     # 3. the rerun finishes the job: the verdict applied, nothing trained
     done = retrain(new, base=base, **TRAINING)
     assert done.resumed and done.promoted and done.version == "3"
