@@ -92,6 +92,16 @@ class RetrainResult:
     resumed: bool  # an earlier attempt's challenger was used (nothing trained now)
 
 
+def _skipped(report: IngestReport, shown: int = 5) -> str:
+    """The skipped files as one line: the first few with their reasons, then counts."""
+    parts = [f"{r.name} ({r.reason})" for r in report.rejected[:shown]]
+    if len(report.rejected) > shown:
+        parts.append(f"{len(report.rejected) - shown} more rejected")
+    if report.ignored:
+        parts.append(f"{len(report.ignored)} file(s) not *.parquet")
+    return "; ".join(parts) or "nothing found"
+
+
 def _log(progress: Callable[[str], None] | None, message: str) -> None:
     if progress is not None:
         progress(message)
@@ -385,10 +395,8 @@ def retrain(
         f"{len(report.rejected)} rejected, {len(report.ignored)} ignored",
     )
     if require_new and not report.run_ids:
-        found = len(report.rejected) + len(report.ignored)
         raise UserInputError(
-            f"no run file could be ingested from {', '.join(map(str, runs))} ({found} other "
-            "file(s) skipped, each named above)",
+            f"no run file could be ingested from {', '.join(map(str, runs))}: " + _skipped(report),
             "pass folders, files or URLs of collapse-guard run files (*.parquet)",
         )
     dataset, unreadable = dataset_runs(base)

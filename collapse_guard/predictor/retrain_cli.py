@@ -53,8 +53,9 @@ def retrain(
         list[str],
         typer.Option(
             "--runs",
+            metavar="PATH_OR_URL",
             help="New run files: a folder (searched recursively), a run file, or an fsspec "
-            "URL (file://, s3://, gs://, ...); repeat the option for several.",
+            "URL (file://, s3://, gs://, ...): --runs A B or --runs A --runs B.",
         ),
     ],
     base: Annotated[

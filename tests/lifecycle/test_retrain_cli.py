@@ -41,11 +41,11 @@ def fleet_url(new_paths):
 
 def test_bad_input_is_one_line_and_exit_code_2(app, tmp_path, store, base):
     runner = CliRunner()
-    missing = tmp_path / "no-such-folder"
-    result = runner.invoke(app, ["retrain", "--runs", str(missing), "--base", str(base)])
+    missing = [str(tmp_path / "no-such-folder"), str(tmp_path / "nor-this")]
+    result = runner.invoke(app, ["retrain", "--runs", *missing, "--base", str(base)])
     assert result.exit_code == 2, result.output
     assert "error: no run file could be ingested" in result.output
-    assert str(missing) in result.output and "Traceback" not in result.output
+    assert all(m in result.output for m in missing) and "Traceback" not in result.output
     uri = f"sqlite:///{tmp_path}/absent/mlflow.db"
     result = runner.invoke(app, ["retrain", "--runs", str(base), "--tracking-uri", uri])
     assert result.exit_code == 2 and "does not exist" in result.output
