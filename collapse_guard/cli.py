@@ -20,23 +20,13 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
-from collapse_guard.errors import is_user_error
+from collapse_guard.errors import is_user_error, print_error
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.service.cli import serve_command
 
-__all__ = ["ErrorHandlingGroup", "app", "print_error", "spread_repeated_options"]
+__all__ = ["ErrorHandlingGroup", "app", "spread_repeated_options"]
 
 _DEBUG = "debug"  # the global option's parameter name
-
-
-def print_error(error: BaseException) -> None:
-    """``error: <message>`` as one line on stderr, however long (no wrapping)."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    # one line: a message that carries line breaks (a library's) is joined, not cut
-    text = " ".join(str(error).split())
-    Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/] {escape(text)}")
 
 
 def spread_repeated_options(command, args: list[str]) -> list[str]:

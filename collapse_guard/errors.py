@@ -1,7 +1,8 @@
 """Errors that mean "the input is wrong", as opposed to "the code is wrong".
 
-The ``collapse-guard`` command prints a :class:`UserInputError` as one line and exits with
-code 2 (``collapse_guard.cli``); any other exception is a bug and keeps its traceback. A
+The ``collapse-guard`` command prints a :class:`UserInputError` as one line
+(:func:`print_error`) and exits with code 2 (``collapse_guard.cli``); any other exception
+is a bug and keeps its traceback. A
 library error raised for bad input either subclasses :class:`UserInputError` (the run-file
 reader's :class:`~collapse_guard.datasets.runfile.RunFileError`) or is listed in
 ``_MAPPED`` below, for classes defined where this module does not reach.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["UserInputError", "is_user_error"]
+__all__ = ["UserInputError", "is_user_error", "print_error"]
 
 
 class UserInputError(ValueError):
@@ -44,3 +45,14 @@ def is_user_error(error: BaseException) -> bool:
         if module is not None and isinstance(error, getattr(module, class_name)):
             return True
     return False
+
+
+def print_error(error: BaseException | str) -> None:
+    """``error: <message>`` as one line on stderr, however long (no wrapping): how the
+    command line shows bad input, wherever it is caught."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    # one line: a message that carries line breaks (a library's) is joined, not cut
+    text = " ".join(str(error).split())
+    Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/] {escape(text)}")

@@ -234,3 +234,55 @@ def test_a_registry_model_needs_an_existing_store(tmp_path, monkeypatch):
         resolve_model_source("runs:/0123/risk_model")
     assert not database.parent.exists() and not (tmp_path / "mlruns").exists()
     assert resolve_model_source(str(tmp_path)) == str(tmp_path)  # a folder needs no store
+
+
+# ------------------------------------------- the predictor's commands: train, evaluate, predict
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("nosuch", ["--model nosuch", "not a model folder", "--model takes"]),
+        ("@champion", ["--model @champion", "no MLflow tracking store"]),
+        ("champion", ["--model champion", "no MLflow tracking store"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_wrong_model_is_one_line(runs_dir, tmp_path, monkeypatch, command, model, words):
+    monkeypatch.chdir(tmp_path)  # no ./mlruns here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = next(runs_dir.glob("*.parquet"))
+    args = [command, str(run)] if command == "predict" else [command, "--runs", str(runs_dir)]
+    _one_line_error([*args, "--model", model], *words)
+    assert not (tmp_path / "mlruns").exists()  # no empty store made
+
+
+def test_a_damaged_model_folder_is_one_line(runs_dir, tmp_path):
+    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for path in DEFAULT_MODEL_DIR.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "model.txt").write_text("tree\nversion=v4\nnot a booster\n")
+    run = next(runs_dir.glob("*.parquet"))
+    _one_line_error(["predict", str(run), "--model", str(folder)], f"--model {folder}")
+
+
+def test_train_on_too_few_runs_is_one_line(runs_dir, store_env):
+    """Four runs cannot fill a training, a validation and a test split: said before any fit."""
+    line = _one_line_error(["train", "--runs", str(runs_dir)], "too few runs")
+    assert "collapse-guard data synth" in line
+    assert not store_env.exists()  # refused before the store is touched
+
+
+def test_predict_on_an_unlabelled_run_says_so(runs_dir, tmp_path):
+    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
+
+    frame, meta = read_run(next(runs_dir.glob("*.parquet")))
+    path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))
+    result = CliRunner().invoke(app, ["predict", str(path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "onset: not labelled" in text and "healthy" not in text
+    assert meta.label_version is not None  # the labelled original says healthy or an onset

@@ -11,18 +11,27 @@ from typing import Annotated
 
 import typer
 
+from collapse_guard.errors import print_error
+from collapse_guard.predictor.model_source import MODEL_HELP, load_risk_model
+
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.tables import holdout_table, print_groups, print_report
 
 __all__ = ["evaluate_command", "predict_command", "run_paths", "train_command"]
 
 _RUNS = typer.Option(
-    "--runs", help="Folder of run files (*.parquet, searched recursively) or a run file; repeat."
+    "--runs",
+    help="Folders of run files (*.parquet, searched recursively) or run files: "
+    "--runs A B or --runs A --runs B.",
 )
-_MODEL = typer.Option(
-    "--model",
-    help="Model: omitted = the bundled default; 'models:/collapse-predictor@champion'; a folder.",
-)
+_MODEL = typer.Option("--model", help=MODEL_HELP)
+
+
+def _fail(message: str) -> None:
+    # one line and exit code 2, as every command's bad input (collapse_guard.cli); printed
+    # here rather than raised, so that the commands behave so on any Typer app
+    print_error(message)
+    raise typer.Exit(2)
 
 
 def run_paths(sources: list[Path]) -> list[Path]:
@@ -32,7 +41,47 @@ def run_paths(sources: list[Path]) -> list[Path]:
     try:
         return find_run_files(sources)
     except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--runs") from None
+        _fail(f"--runs: {error}")
+
+
+# What each split needs: the fit a collapse; calibration a collapse and the levels a
+# healthy run (validation); the test any run (None).
+_NEEDED: tuple[tuple[str, str | None], ...] = (
+    ("train", "collapsed"),
+    ("validation", "collapsed"),
+    ("validation", "healthy"),
+    ("test", None),
+)
+
+
+def _check_enough_runs(paths: list[Path], seed: int) -> None:
+    """Refuse, before any fit, runs that the split (the training's own, same seed) cannot
+    fill with what each part needs."""
+    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.predictor.training_data import split_runs
+
+    metas = [read_meta(p) for p in paths]  # footers only
+    split = split_runs(metas, seed=seed)
+    collapsed = {m.run_id for m in metas if m.onset_step is not None}
+
+    def has(part: str, kind: str | None) -> bool:
+        return any(
+            kind is None or (i in collapsed) == (kind == "collapsed") for i in getattr(split, part)
+        )
+
+    missing = [
+        f"no {kind + ' ' if kind else ''}run in {part}"
+        for part, kind in _NEEDED
+        if not has(part, kind)
+    ]
+    if missing:
+        _fail(
+            f"too few runs to train: {len(metas)} runs ({len(metas) - len(collapsed)} healthy, "
+            f"{len(collapsed)} collapsed) split by run into train {len(split.train)}, "
+            f"validation {len(split.validation)}, test {len(split.test)} leave "
+            f"{', '.join(missing)}; fix: give at least 3 healthy and 3 collapsed runs of a "
+            "source, e.g. `collapse-guard data synth --n 20 --out DIR`, then --runs DIR"
+        )
 
 
 def train_command(
@@ -65,6 +114,7 @@ def train_command(
 
     console = Console()
     paths = run_paths(runs)
+    _check_enough_runs(paths, seed)
     console.log(f"{len(paths)} run files; tracking store {registry.tracking_uri()}")
     if dask:
         from collapse_guard.predictor import fleet
@@ -92,12 +142,6 @@ def train_command(
             f"[yellow]registered v{record.version}; champion stays v{record.previous_champion}"
             f"[/]: {record.reason}"
         )
-
-
-def _fail(console, message: str) -> None:
-    # one line and exit code 2, as the other commands' bad input
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def evaluate_command(
@@ -143,7 +187,7 @@ def evaluate_command(
 
     console = Console()
     if budget <= 0:
-        _fail(console, f"--budget must be a positive number of false alarms per 10k; got {budget}")
+        _fail(f"--budget must be a positive number of false alarms per 10k; got {budget}")
     records = load_runs(run_paths(runs))
     if leave_one_out is not None:
         if model is not None:
@@ -151,9 +195,7 @@ def evaluate_command(
         _leave_one_out(console, records, leave_one_out, synthetic=synthetic, budget=budget)
         return
 
-    from collapse_guard.predictor.risk import RiskModel
-
-    risk_model = RiskModel.load(model)
+    risk_model = load_risk_model(model)
     name = risk_model.meta["version"]
     seen_runs = SeenRuns.from_meta(risk_model.meta)
     if not seen_runs.known:
@@ -165,7 +207,6 @@ def evaluate_command(
     n_seen = sum(len(v) for v in seen.values())
     if n_seen and not (unseen_only or include_seen):
         _fail(
-            console,
             f"{n_seen} of the {len(records)} runs given were used to train ({len(seen['train'])}) "
             f"or validate ({len(seen['validation'])}) model {name}: scoring it on them "
             "overstates it. Fix: pass runs it never saw, or --unseen-only to score only "
@@ -175,7 +216,6 @@ def evaluate_command(
     test = [by_id[i] for i in unseen]
     if not test:
         _fail(
-            console,
             f"all {len(records)} runs given were used to train or validate model {name}; "
             "fix: pass runs it never saw (e.g. `collapse-guard data synth --seed 7`)",
         )
@@ -208,7 +248,6 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
 
     if grouping not in SETUP_GROUPINGS:
         _fail(
-            console,
             f"--leave-one-out must be one of {', '.join(SETUP_GROUPINGS)}; got {grouping!r}",
         )
     try:
@@ -216,7 +255,7 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
             records, by=grouping, synthetic=synthetic, budget_per_10k=budget, progress=console.log
         )
     except ValueError as error:
-        _fail(console, str(error))
+        _fail(str(error))
     title = (
         f"leave-one-{grouping}-out: recall (median lead) @FA/10k on each held-out {grouping}; "
         "model at its stored warn level, rules as they fire, tuned baselines at their "
@@ -248,12 +287,12 @@ def predict_command(
     from rich.table import Table
 
     from collapse_guard.datasets.runfile import read_run
+    from collapse_guard.datasets.summary import outcome
     from collapse_guard.predictor.plots import run_risk_plot
-    from collapse_guard.predictor.risk import RiskModel
 
     console = Console()
     frame, meta = read_run(run)
-    risk_model = RiskModel.load(model)
+    risk_model = load_risk_model(model)
     risk = risk_model.predict_run(frame, steps=frame["step"].to_numpy())
     table = Table(title=f"{meta.run_id} ({meta.source}, {len(frame)} steps)")
     for column in ("level", "threshold", "first alarm", "lead time"):
@@ -269,8 +308,14 @@ def predict_command(
         )
     console.print(table)
     peak = risk.idxmax() if risk.notna().any() else None
+    if onset is not None:
+        said = str(onset)
+    elif outcome(onset, meta.label_version, None) == "unlabelled":
+        said = "not labelled (no onset to compare with)"
+    else:
+        said = "none (healthy)"
     console.print(
-        f"onset: {onset if onset is not None else 'none (healthy)'}; peak risk "
+        f"onset: {said}; peak risk "
         f"{risk.max():.3f} at step {peak}; model {risk_model.meta['version']}"
     )
     if plot is not None:

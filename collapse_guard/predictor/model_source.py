@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.store import is_registry_uri
 
 __all__ = ["MODEL_HELP", "load_risk_model", "require_tracking_store", "resolve_model_source"]
 
@@ -34,8 +35,7 @@ _FORMS = (
 MODEL_HELP = f"Model: {_FORMS}."
 _DEFAULT = "default"
 _CHAMPION = "champion"
-_REGISTRY_SCHEMES = ("models:/", "runs:/")
-# The store when MLFLOW_TRACKING_URI is unset: predictor.registry.tracking_uri's default,
+# The store when MLFLOW_TRACKING_URI is unset: predictor.store.tracking_uri's default,
 # which that function creates on use (right for `train`, wrong for a read).
 _DEFAULT_STORE = Path("mlruns") / "mlflow.db"
 
@@ -56,13 +56,14 @@ def resolve_model_source(text: str | None) -> str | None:
         if not alias:
             raise UserInputError("--model '@' names no alias", "write e.g. '@champion'")
         source = f"models:/{MODEL_NAME}@{alias}"
-    if source.startswith(_REGISTRY_SCHEMES):
-        require_tracking_store()
+    if is_registry_uri(source):
+        require_tracking_store(f"--model {text}")
     return source
 
 
-def require_tracking_store() -> None:
-    """Raise :class:`UserInputError` unless the tracking store (a SQLite file) exists.
+def require_tracking_store(needed_by: str) -> None:
+    """Raise :class:`UserInputError`, naming ``needed_by``, unless the tracking store (a
+    SQLite file) exists.
 
     Server stores (http://, postgresql://, ...) are left to MLflow: only it can reach them.
     """
@@ -75,7 +76,7 @@ def require_tracking_store() -> None:
         return
     if not database.is_file():
         raise UserInputError(
-            f"no MLflow tracking store: {named} does not exist ({database})",
+            f"{needed_by}: no MLflow tracking store: {named} does not exist ({database})",
             "train and register a model first (`collapse-guard train --runs DIR`), run from "
             "the folder that holds mlruns/, or set MLFLOW_TRACKING_URI to your store",
         )
