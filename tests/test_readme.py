@@ -131,3 +131,6 @@ def test_readme_train_evaluate_predict_run_as_written(tmp_path, monkeypatch):
     assert "runs it never saw" in run(evaluate)
     assert "plot written to risk.png" in run(_forms(lines["predict"])[0])
     assert Path("risk.png").stat().st_size > 10_000
+    # the champion by its short name: the registered version, not the bundled model
+    predict = _forms(lines["predict"])[0][:2]
+    assert run([*predict, "--model", "@champion"]).endswith("model 1")
