@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from collapse_guard.errors import print_error
+
 __all__ = ["import_logs_command", "summary_command"]
 
 # A tree with one broken column would otherwise fill the screen.
@@ -39,7 +41,7 @@ def import_logs_command(
     try:
         n_files = len(find_files(paths))
     except FileNotFoundError as err:
-        console.print(f"[red]error:[/red] {err}")
+        print_error(err)
         raise typer.Exit(2) from None
     start = time.perf_counter()
     columns = (TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -112,11 +114,11 @@ def summary_command(
     try:
         card = summarize(folder)
     except (FileNotFoundError, RunFileError) as err:
-        console.print(f"[red]error:[/red] {err}")
+        print_error(err)
         raise typer.Exit(2) from None
     if card.n_runs == 0:
-        console.print(
-            f"[red]error:[/red] {folder}: expected run files (*.parquet), found none; "
+        print_error(
+            f"{folder}: expected run files (*.parquet), found none; "
             "create some with `collapse-guard data real|synth|import`"
         )
         raise typer.Exit(2)
