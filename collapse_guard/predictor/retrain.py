@@ -209,30 +209,16 @@ def _comparison_runs(runs: Mapping[str, Path], benchmark: FrozenBenchmark, new: 
 
 
 def _log_challenger(result, comparison, key, benchmark, experiment, model_name):
-    from collapse_guard.predictor.registry import log_training
+    """Log, register and decide promotion (``registry.log_result``), tagged with the key."""
+    from collapse_guard.predictor.registry import log_result
 
-    model = result.model
-    params = {
-        "kind": "retrain",
-        "seed": model.meta.get("seed"),
-        "stride": model.meta.get("stride"),
-        "window": model.schema.window,
-        "horizon": model.horizon,
-        "trainer": model.meta.get("trainer", "lightgbm"),
-        **{f"split.{k}": v for k, v in result.counts().items()},
-        **{f"threshold.{k}": v for k, v in model.thresholds.items()},
-        **{f"lgbm.{k}": v for k, v in model.meta.get("params", {}).items()},
-    }
-    tags = {KEY_TAG: key, "collapse_guard.benchmark_digest": benchmark.digest}
-    return log_training(
-        model,
-        params=params,
-        fingerprint=result.fingerprint,
-        metrics=result.report.to_metrics(),
+    return log_result(
+        result,
         comparison_runs=comparison,
+        params={"kind": "retrain", "trainer": result.model.meta.get("trainer", "lightgbm")},
         experiment=experiment,
         model_name=model_name,
-        tags=tags,
+        tags={KEY_TAG: key, "collapse_guard.benchmark_digest": benchmark.digest},
     )
 
 
