@@ -1,4 +1,4 @@
-"""LightGBM's TreeSHAP contributions from per-leaf tables: the same numbers, ~10x cheaper.
+"""LightGBM's TreeSHAP contributions from per-leaf tables: the same numbers, ~4x cheaper.
 
 ``booster.predict(X, pred_contrib=True)`` walks every tree of every row with the
 path-dependent TreeSHAP recursion: ~0.45 ms a row for the bundled model (92 trees of 15
@@ -7,8 +7,13 @@ What a leaf adds to a feature's contribution depends on the row only through whi
 the leaf's path conditions the row satisfies, one bit per distinct feature on the path
 (Yang, "Fast TreeSHAP", 2021, v2). So each leaf's contributions are computed once, at
 load, for every pattern of those bits; scoring a row is then one comparison per split,
-one pattern per leaf and one table look-up per (leaf, feature): vectorised over the
-batch.
+one pattern per leaf and one table look-up per (leaf, feature), in one compiled loop
+that takes the batch leaf by leaf (a leaf's table stays in cache for every row). The
+bundled model's tables hold 1.7 million numbers (13 MB), built in ~0.6 s at load.
+Measured on 64 windows, loaded 2-core machine, CPU: ``pred_contrib`` 22-30 ms, the
+tables 6-8 ms; for one window 0.55-0.7 and 0.07-0.14 ms. Computing each leaf's share
+on the fly instead (no tables: the product of the k factors, each divided back out as
+LightGBM's ``UnwindPath`` does) took 14-17 ms and 0.23-0.29 ms.
 
 For a leaf of value ``v`` whose path holds ``k`` distinct features, with ``z_i`` the
 share of the training rows that follow the path at feature ``i`` (product of its cover
