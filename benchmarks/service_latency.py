@@ -16,7 +16,11 @@ then 2 workers, and measures:
   (``top_k=0``). Targets: >= 2,000 (JSON), >= 8,000 (Arrow);
 - the embedded path in this process: ``RiskModel.predict_window(frame, context={})`` per
   window, and ``predict_windows`` of 64 frames per window, and the service's overhead as
-  the ratio of its p50 to the embedded window.
+  the ratio of its p50 to the embedded window;
+- CPU per request of the service's ASGI app called in this process through httpx's ASGI
+  transport (no sockets, no other process; the transport's own CPU included, as in the
+  ``/livez`` line): the figure the machine's load disturbs least, best of 3 rounds, for
+  one window and for 64 windows over JSON and Arrow, with and without factors.
 
 The client, the workers and whatever else runs on the machine share its cores: the load
 average is printed before and after, and belongs beside every figure.
@@ -25,15 +29,18 @@ average is printed before and after, and belongs beside every figure.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
@@ -173,6 +180,59 @@ def embedded(model: RiskModel, frames: list[pd.DataFrame], n: int) -> tuple[floa
     return 1000 * float(np.median(one)), 1000 * float(np.median(batch))
 
 
+def in_process_cpu(
+    cases: list[tuple[str, bytes | None, str, int]], rounds: int = 3
+) -> dict[str, float]:
+    """Best-of-``rounds`` CPU ms per request of the service's ASGI app in this process.
+
+    ``cases``: (label, body or None for ``GET /livez``, "content type path", requests).
+    """
+    saved = os.environ.get("COLLAPSE_GUARD_RELOAD_FILE")
+    os.environ["COLLAPSE_GUARD_RELOAD_FILE"] = str(Path(tempfile.mkdtemp()) / "reload.json")
+    try:
+        from collapse_guard.service.service import RiskService
+
+        return asyncio.run(_cpu_rounds(RiskService.to_asgi(), cases, rounds))
+    finally:
+        if saved is None:
+            os.environ.pop("COLLAPSE_GUARD_RELOAD_FILE", None)
+        else:
+            os.environ["COLLAPSE_GUARD_RELOAD_FILE"] = saved
+
+
+async def _cpu_rounds(app: Any, cases: list[Any], rounds: int) -> dict[str, float]:
+    inbox: asyncio.Queue = asyncio.Queue()
+    outbox: asyncio.Queue = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+    running = asyncio.create_task(app(lifespan, inbox.get, outbox.put))
+    await outbox.get()  # started: the model is loaded
+    best: dict[str, float] = {}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://in-process") as http:
+        for _ in range(rounds):
+            for label, body, route, n in cases:
+                kind, path = route.split(" ")
+
+                async def call(body: Any = body, kind: str = kind, path: str = path) -> None:
+                    if body is None:
+                        await http.get("/livez")
+                        return
+                    answer = await http.post(path, content=body, headers={"Content-Type": kind})
+                    answer.raise_for_status()
+
+                for _ in range(max(2, n // 10)):  # warm-up
+                    await call()
+                start = time.process_time()
+                for _ in range(n):
+                    await call()
+                ms = 1000 * (time.process_time() - start) / n
+                best[label] = min(ms, best.get(label, ms))
+    await inbox.put({"type": "lifespan.shutdown"})
+    await running
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="latency samples per setup")
@@ -195,6 +255,14 @@ def main() -> None:
     print(f"batch of 64: JSON {len(json_body) / 1e6:.2f} MB, Arrow {len(arrow_body) / 1e6:.2f} MB")
     one_ms, batch_ms = embedded(model, frames, 500)
     print(f"embedded: {one_ms:.3f} ms per window alone, {batch_ms:.3f} ms per window in 64")
+    one_body = encode_json(raw[:1], 5)
+    cpu_cases = [
+        ("GET /livez", None, "- -", 300),
+        ("one window, JSON", one_body, "application/json /risk", 300),
+        *[(f"64 windows, {n}", b, f"{k} /risk?top_k={t}", 10) for n, b, k, t in bodies],
+    ]
+    for label, ms in in_process_cpu(cpu_cases).items():
+        print(f"in process, CPU per request: {label} {ms:.2f} ms")
     for workers in (1, 2):
         with Server(workers) as server:
             figures = latency(server.url, frames[0], args.requests)
