@@ -1,5 +1,9 @@
 """``collapse-guard train | evaluate | predict``, as functions that ``collapse_guard.cli`` mounts.
 
+Bad input (a missing ``--runs`` folder, too few runs, a wrong ``--model``) is a
+``UserInputError``, raised here or by the library: the ``collapse-guard`` app prints it as
+one line and exits with code 2.
+
 Heavy imports (mlflow, lightgbm, pandas, dask) happen inside the bodies, so that
 ``collapse-guard --help`` stays fast.
 """
@@ -11,13 +15,13 @@ from typing import Annotated
 
 import typer
 
-from collapse_guard.errors import print_error
+from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.model_source import MODEL_HELP, load_risk_model
 
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.tables import holdout_table, print_groups, print_report
 
-__all__ = ["evaluate_command", "predict_command", "run_paths", "train_command"]
+__all__ = ["evaluate_command", "predict_command", "train_command"]
 
 _RUNS = typer.Option(
     "--runs",
@@ -25,63 +29,6 @@ _RUNS = typer.Option(
     "--runs A B or --runs A --runs B.",
 )
 _MODEL = typer.Option("--model", help=MODEL_HELP)
-
-
-def _fail(message: str) -> None:
-    # one line and exit code 2, as every command's bad input (collapse_guard.cli); printed
-    # here rather than raised, so that the commands behave so on any Typer app
-    print_error(message)
-    raise typer.Exit(2)
-
-
-def run_paths(sources: list[Path]) -> list[Path]:
-    """``training_data.find_run_files``, its errors as a bad ``--runs``."""
-    from collapse_guard.predictor.training_data import find_run_files
-
-    try:
-        return find_run_files(sources)
-    except ValueError as error:
-        _fail(f"--runs: {error}")
-
-
-# What each split needs: the fit a collapse; calibration a collapse and the levels a
-# healthy run (validation); the test any run (None).
-_NEEDED: tuple[tuple[str, str | None], ...] = (
-    ("train", "collapsed"),
-    ("validation", "collapsed"),
-    ("validation", "healthy"),
-    ("test", None),
-)
-
-
-def _check_enough_runs(paths: list[Path], seed: int) -> None:
-    """Refuse, before any fit, runs that the split (the training's own, same seed) cannot
-    fill with what each part needs."""
-    from collapse_guard.datasets.runfile import read_meta
-    from collapse_guard.predictor.training_data import split_runs
-
-    metas = [read_meta(p) for p in paths]  # footers only
-    split = split_runs(metas, seed=seed)
-    collapsed = {m.run_id for m in metas if m.onset_step is not None}
-
-    def has(part: str, kind: str | None) -> bool:
-        return any(
-            kind is None or (i in collapsed) == (kind == "collapsed") for i in getattr(split, part)
-        )
-
-    missing = [
-        f"no {kind + ' ' if kind else ''}run in {part}"
-        for part, kind in _NEEDED
-        if not has(part, kind)
-    ]
-    if missing:
-        _fail(
-            f"too few runs to train: {len(metas)} runs ({len(metas) - len(collapsed)} healthy, "
-            f"{len(collapsed)} collapsed) split by run into train {len(split.train)}, "
-            f"validation {len(split.validation)}, test {len(split.test)} leave "
-            f"{', '.join(missing)}; fix: give at least 3 healthy and 3 collapsed runs of a "
-            "source, e.g. `collapse-guard data synth --n 20 --out DIR`, then --runs DIR"
-        )
 
 
 def train_command(
@@ -109,13 +56,13 @@ def train_command(
 
     from rich.console import Console
 
-    from collapse_guard.predictor import registry
+    from collapse_guard.predictor import registry, store
     from collapse_guard.predictor.train import train_risk_model
+    from collapse_guard.predictor.training_data import find_run_files
 
     console = Console()
-    paths = run_paths(runs)
-    _check_enough_runs(paths, seed)
-    console.log(f"{len(paths)} run files; tracking store {registry.tracking_uri()}")
+    paths = find_run_files(runs)
+    console.log(f"{len(paths)} run files")
     if dask:
         from collapse_guard.predictor import fleet
 
@@ -132,7 +79,9 @@ def train_command(
         experiment=experiment,
         register=register,
     )
-    console.print(f"MLflow run {record.run_id} in experiment {experiment!r}")
+    console.print(
+        f"MLflow run {record.run_id} in experiment {experiment!r}, store {store.tracking_uri()}"
+    )
     if record.version is None:
         console.print("not registered (--no-register)")
     elif record.promoted:
@@ -183,12 +132,15 @@ def evaluate_command(
     from collapse_guard.predictor.baselines import default_baselines
     from collapse_guard.predictor.evaluation import evaluate_runs
     from collapse_guard.predictor.seen_runs import SeenRuns
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.predictor.training_data import find_run_files, load_runs
 
     console = Console()
     if budget <= 0:
-        _fail(f"--budget must be a positive number of false alarms per 10k; got {budget}")
-    records = load_runs(run_paths(runs))
+        raise UserInputError(
+            f"--budget must be a positive number of false alarms per 10k; got {budget}",
+            "e.g. --budget 1",
+        )
+    records = load_runs(find_run_files(runs))
     if leave_one_out is not None:
         if model is not None:
             console.print("note: --leave-one-out trains its own models; --model is not used")
@@ -206,18 +158,19 @@ def evaluate_command(
     unseen, seen = seen_runs.partition(r.run_id for r in records)
     n_seen = sum(len(v) for v in seen.values())
     if n_seen and not (unseen_only or include_seen):
-        _fail(
+        raise UserInputError(
             f"{n_seen} of the {len(records)} runs given were used to train ({len(seen['train'])}) "
             f"or validate ({len(seen['validation'])}) model {name}: scoring it on them "
-            "overstates it. Fix: pass runs it never saw, or --unseen-only to score only "
-            "those, or --include-seen to see the seen ones apart",
+            "overstates it",
+            "pass runs it never saw, or --unseen-only to score only those, or --include-seen "
+            "to see the seen ones apart",
         )
     by_id = {r.run_id: r for r in records}
     test = [by_id[i] for i in unseen]
     if not test:
-        _fail(
-            f"all {len(records)} runs given were used to train or validate model {name}; "
-            "fix: pass runs it never saw (e.g. `collapse-guard data synth --seed 7`)",
+        raise UserInputError(
+            f"all {len(records)} runs given were used to train or validate model {name}",
+            "pass runs it never saw (e.g. `collapse-guard data synth --seed 7`)",
         )
     train = [by_id[i] for i in seen["train"]]
     validation = [by_id[i] for i in seen["validation"]]
@@ -247,15 +200,15 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
     from collapse_guard.predictor.evaluation import SETUP_GROUPINGS, leave_one_group_out
 
     if grouping not in SETUP_GROUPINGS:
-        _fail(
-            f"--leave-one-out must be one of {', '.join(SETUP_GROUPINGS)}; got {grouping!r}",
+        raise UserInputError(
+            f"--leave-one-out must be one of {', '.join(SETUP_GROUPINGS)}; got {grouping!r}"
         )
     try:
         holdout = leave_one_group_out(
             records, by=grouping, synthetic=synthetic, budget_per_10k=budget, progress=console.log
         )
-    except ValueError as error:
-        _fail(str(error))
+    except ValueError as error:  # e.g. a grouping with one value: nothing to hold out
+        raise UserInputError(f"--leave-one-out {grouping}: {error}") from error
     title = (
         f"leave-one-{grouping}-out: recall (median lead) @FA/10k on each held-out {grouping}; "
         "model at its stored warn level, rules as they fire, tuned baselines at their "

@@ -56,6 +56,7 @@ from collapse_guard.predictor.training_data import (
     build_training_data,
     data_fingerprint,
     load_runs,
+    require_trainable_split,
     split_runs,
 )
 
@@ -231,11 +232,18 @@ def train_risk_model(
         progress: called with a line of text after each stage (e.g. ``print``).
         rows: builds the training rows of a list of runs; ``build_training_data`` here,
             ``predictor.fleet.rows_on(client)`` to compute them on a Dask cluster.
+
+    Raises:
+        UserInputError: too few runs for a split to hold what it needs (a collapsed run
+            to fit and calibrate on, a healthy one to set the levels on, a test run),
+            before any fit (``training_data.require_trainable_split``).
     """
     t0 = time.perf_counter()
     # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order
     runs = sorted(load_runs(run_paths), key=lambda r: r.run_id)
-    split = split_runs([r.meta for r in runs], seed=seed, fractions=fractions)
+    metas = [r.meta for r in runs]
+    split = split_runs(metas, seed=seed, fractions=fractions)
+    require_trainable_split(metas, split)  # before any fit: what each split lacks
     by_split = _by_split(runs, split)
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
     model, _ = fit_risk_model(

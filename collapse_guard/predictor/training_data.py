@@ -27,6 +27,7 @@ import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON, collapse_targets
 from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
+from collapse_guard.errors import UserInputError
 from collapse_guard.signals import SIGNALS
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "data_fingerprint",
     "find_run_files",
     "load_runs",
+    "require_trainable_split",
     "run_rows",
     "split_runs",
 ]
@@ -76,23 +78,23 @@ class RunRecord:
 def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
     """Run files under the given folders (recursively) and files, sorted, each once.
 
-    A folder without any ``*.parquet`` or a path that does not exist is an error that
-    says what was expected (it is never an empty training set).
+    A folder without any ``*.parquet`` or a path that does not exist is a
+    :class:`UserInputError` that says what was expected (never an empty training set).
     """
     paths: set[Path] = set()
     for source in map(Path, sources):
         if source.is_dir():
             found = list_runs(source)
             if not found:
-                raise ValueError(
-                    f"no runs found under {source}: expected *.parquet run files; make some "
-                    "with `collapse-guard data synth` or `collapse-guard data real`"
+                raise UserInputError(
+                    f"no runs found under {source}: expected *.parquet run files",
+                    "make some with `collapse-guard data synth` or `collapse-guard data real`",
                 )
             paths.update(found)
         elif source.is_file():
             paths.add(source)
         else:
-            raise ValueError(
+            raise UserInputError(
                 f"{source} does not exist: expected a folder of run files or a run file"
             )
     return sorted(paths)
@@ -207,6 +209,44 @@ def split_runs(
             part.extend(ids[start : start + count])
             start += count
     return RunSplit(*(tuple(sorted(p)) for p in parts))
+
+
+# What each split needs to train: the fit a collapse; calibration a collapse and the levels
+# a healthy run (validation); the evaluation any run (None: either outcome).
+_NEEDED: tuple[tuple[str, str | None], ...] = (
+    ("train", "collapsed"),
+    ("validation", "collapsed"),
+    ("validation", "healthy"),
+    ("test", None),
+)
+
+
+def require_trainable_split(metas: Sequence[RunMeta], split: RunSplit) -> None:
+    """Raise :class:`UserInputError` naming what each part of ``split`` lacks for a
+    training (``_NEEDED``), before any fit: with a part empty the fit, the calibration or
+    the levels would fail later with an error that names none of it.
+    """
+    collapsed = {m.run_id for m in metas if m.onset_step is not None}
+
+    def has(part: str, kind: str | None) -> bool:
+        return any(
+            kind is None or (i in collapsed) == (kind == "collapsed") for i in getattr(split, part)
+        )
+
+    missing = [
+        f"no {kind + ' ' if kind else ''}run in {part}"
+        for part, kind in _NEEDED
+        if not has(part, kind)
+    ]
+    if missing:
+        raise UserInputError(
+            f"too few runs to train: {len(metas)} runs ({len(metas) - len(collapsed)} healthy, "
+            f"{len(collapsed)} collapsed) split by run into train {len(split.train)}, "
+            f"validation {len(split.validation)}, test {len(split.test)} leave "
+            + ", ".join(missing),
+            "give at least 3 healthy and 3 collapsed runs of a source, e.g. "
+            "`collapse-guard data synth --n 20 --out DIR`, then --runs DIR",
+        )
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""``collapse-guard train | evaluate | predict`` through Typer, with a real SQLite MLflow store.
+"""``collapse-guard train | evaluate | predict`` through the real ``collapse-guard`` app
+(``collapse_guard.cli.app``: a ``UserInputError`` is one line and exit code 2), with a real
+SQLite MLflow store.
 
 Training itself is ``train_risk_model``'s business (tested by the predictor-core tests);
 here it is replaced by the session's one cached training, so that these tests check the
@@ -11,16 +13,12 @@ import subprocess
 import sys
 
 import pytest
-import typer
 from ops_fixtures import mlflow_store, synthetic_run_paths, trained, training
 from typer.testing import CliRunner
 
-from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
+from collapse_guard.cli import app
+from collapse_guard.errors import UserInputError
 
-app = typer.Typer()
-app.command("train")(train_command)
-app.command("evaluate")(evaluate_command)
-app.command("predict")(predict_command)
 runner = CliRunner()
 
 
@@ -56,9 +54,25 @@ def test_importing_the_commands_stays_light():
 
 def test_no_runs_says_how_to_make_some(tmp_path):
     result = runner.invoke(app, ["evaluate", "--runs", str(tmp_path)])
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert "no runs found under" in result.output
     assert "collapse-guard data synth" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--budget", "0"], "--budget must be a positive number"),
+        (["--leave-one-out", "colour"], "--leave-one-out must be one of"),
+    ],
+)
+def test_the_commands_own_checks_raise_user_input_errors(tmp_path, runs_dir, args, words):
+    """Raised, not printed: the app makes them one line (and --debug shows where from)."""
+    result = runner.invoke(app, ["--debug", "evaluate", "--runs", str(runs_dir), *args])
+    assert isinstance(result.exception, UserInputError), result.output
+    assert words in str(result.exception)
+    plain = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args])
+    assert plain.exit_code == 2 and "Traceback" not in plain.output
 
 
 def test_train_logs_registers_and_promotes(

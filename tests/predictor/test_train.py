@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.datasets.runfile import RunMeta, read_meta
+from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.levels import thresholds_from_budgets
 from collapse_guard.predictor.train import set_levels, train_risk_model
 from collapse_guard.predictor.training_data import MODEL_SIGNALS, RunRecord, split_runs
@@ -35,6 +36,24 @@ def test_same_seed_gives_the_same_model_string(synthetic_paths):
     assert a.model.booster.model_to_string() == b.model.booster.model_to_string()
     assert a.model.thresholds == b.model.thresholds
     assert a.fingerprint == b.fingerprint and a.runs == b.runs
+
+
+def test_too_few_runs_are_refused_before_any_fit(synthetic_paths, monkeypatch):
+    """One collapse and one healthy run: no split can hold both in train and validation."""
+    import collapse_guard.predictor.train as train_module
+
+    def fit(*args, **kwargs):
+        raise AssertionError("fitted on runs that were to be refused")
+
+    monkeypatch.setattr(train_module, "fit_risk_model", fit)
+    collapsed = next(p for p in synthetic_paths if read_meta(p).onset_step is not None)
+    healthy = next(p for p in synthetic_paths if read_meta(p).onset_step is None)
+    with pytest.raises(UserInputError) as caught:
+        train_risk_model([collapsed, healthy], seed=0)
+    message = str(caught.value)
+    assert message.startswith("too few runs to train: 2 runs (1 healthy, 1 collapsed)")
+    assert "no collapsed run in validation" in message and "no run in test" in message
+    assert "collapse-guard data synth" in message
 
 
 def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):

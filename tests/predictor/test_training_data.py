@@ -8,6 +8,7 @@ import pytest
 
 from collapse_guard.datasets.label import collapse_targets
 from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.training_data import (
     RunRecord,
@@ -93,7 +94,8 @@ def test_find_run_files_sorts_dedupes_and_refuses_empty_or_missing(tmp_path, syn
     folder = synthetic_paths[0].parent
     found = find_run_files([folder, synthetic_paths[0]])
     assert found == sorted(synthetic_paths) and len(found) == len(synthetic_paths)
-    with pytest.raises(ValueError, match="no runs found under"):
+    # bad input, not a bug: the command prints it as one line (exit code 2)
+    with pytest.raises(UserInputError, match="no runs found under"):
         find_run_files([tmp_path])
-    with pytest.raises(ValueError, match="does not exist: expected a folder"):
+    with pytest.raises(UserInputError, match="does not exist: expected a folder"):
         find_run_files([tmp_path / "nope"])
