@@ -32,6 +32,7 @@ import pandas as pd
 
 from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.store import use_store
 
 __all__ = [
     "BENCHMARK_CONTEXT",
@@ -114,21 +115,11 @@ def choose_benchmark(
     return sorted(chosen)
 
 
-def _client():
-    import mlflow
-
-    from collapse_guard.predictor.registry import tracking_uri
-
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)  # for mlflow.start_run and the artifact helpers
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
 def find_benchmark(experiment_id: str) -> FrozenBenchmark | None:
     """The experiment's benchmark (the oldest record), or None when none was recorded."""
     import mlflow
 
-    records = _client().search_runs(
+    records = use_store().search_runs(
         [experiment_id],
         filter_string=f"tags.`{ROLE_TAG}` = '{_ROLE}'",
         order_by=["attributes.start_time ASC"],
@@ -172,7 +163,7 @@ def record_benchmark(
             "add run files the champion never saw (--runs)",
         )
     chosen = FrozenBenchmark(ids, ids_digest(ids), "", created=True)
-    _client()  # points mlflow at the store
+    use_store()  # points mlflow.start_run at the store
     with mlflow.start_run(
         experiment_id=experiment_id, run_name="frozen-benchmark", tags={ROLE_TAG: _ROLE}
     ) as run:
