@@ -10,20 +10,19 @@ anything else                  a model folder (``RiskModel.save``)
 =============================  ===============================================
 
 A registry model is read from the tracking store, which must exist: a SQLite store that is
-not there is an error naming it, never a new empty database (MLflow creates one on first
-use, and the user would then read "model not found" about a store they never meant).
+not there is an error naming it, never a new empty database (``predictor.store.tracking_uri``
+with ``create=False``).
 
 Nothing heavy is imported here: lightgbm and mlflow load with the model.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.store import is_registry_uri
+from collapse_guard.predictor.store import is_registry_uri, tracking_uri
 
 __all__ = ["MODEL_HELP", "load_risk_model", "require_tracking_store", "resolve_model_source"]
 
@@ -35,9 +34,6 @@ _FORMS = (
 MODEL_HELP = f"Model: {_FORMS}."
 _DEFAULT = "default"
 _CHAMPION = "champion"
-# The store when MLFLOW_TRACKING_URI is unset: predictor.store.tracking_uri's default,
-# which that function creates on use (right for `train`, wrong for a read).
-_DEFAULT_STORE = Path("mlruns") / "mlflow.db"
 
 
 def resolve_model_source(text: str | None) -> str | None:
@@ -62,24 +58,12 @@ def resolve_model_source(text: str | None) -> str | None:
 
 
 def require_tracking_store(needed_by: str) -> None:
-    """Raise :class:`UserInputError`, naming ``needed_by``, unless the tracking store (a
-    SQLite file) exists.
-
-    Server stores (http://, postgresql://, ...) are left to MLflow: only it can reach them.
-    """
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri is None:
-        database, named = Path.cwd() / _DEFAULT_STORE, f"the default store ./{_DEFAULT_STORE}"
-    elif uri.startswith("sqlite:///"):
-        database, named = Path(uri.removeprefix("sqlite:///")), f"MLFLOW_TRACKING_URI={uri}"
-    else:
-        return
-    if not database.is_file():
-        raise UserInputError(
-            f"{needed_by}: no MLflow tracking store: {named} does not exist ({database})",
-            "train and register a model first (`collapse-guard train --runs DIR`), run from "
-            "the folder that holds mlruns/, or set MLFLOW_TRACKING_URI to your store",
-        )
+    """Raise :class:`UserInputError`, naming ``needed_by``, unless the tracking store
+    exists (``tracking_uri(create=False)``); never makes one."""
+    try:
+        tracking_uri(create=False)
+    except UserInputError as error:
+        raise UserInputError(f"{needed_by}: {error.message}", error.hint) from None
 
 
 def _load_errors() -> tuple[type[BaseException], ...]:

@@ -5,6 +5,10 @@
 builds on the same store functions. Keeping them apart from the registry is what lets
 ``risk`` import this module and the registry import ``risk``, with no import circle.
 
+Reads never make a store: :func:`tracking_uri` and :func:`use_store` take
+``create=False`` for them (a missing SQLite store is then a ``UserInputError``); writers
+(train, retrain) keep the default, which makes the default store on first use.
+
 mlflow is imported inside the functions: it costs ~1 s, and the service, the guard
 and ``collapse-guard --help`` import ``risk`` without ever touching a store.
 """
@@ -17,7 +21,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from collapse_guard.errors import UserInputError
+
 __all__ = [
+    "DEFAULT_STORE",
     "FOLDER_ARTIFACT",
     "REGISTRY_SCHEMES",
     "fetched_model_folder",
@@ -31,25 +38,51 @@ FOLDER_ARTIFACT = "risk_model"
 REGISTRY_SCHEMES = ("models:/", "runs:/")
 
 
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else SQLite at ``<cwd>/mlruns/mlflow.db`` (made on use)."""
+# The store when MLFLOW_TRACKING_URI is unset, relative to the current directory.
+DEFAULT_STORE = Path("mlruns") / "mlflow.db"
+_SQLITE = "sqlite:///"
+
+
+def tracking_uri(*, create: bool = True) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else SQLite at ``<cwd>/mlruns/mlflow.db``.
+
+    ``create=True`` (writers: train, retrain): the default store's folder is made, and
+    MLflow makes the database on first use. ``create=False`` (reads: loading a model,
+    the service's registry polls): nothing is made, and a SQLite store that does not
+    exist is a :class:`UserInputError` naming it: MLflow would otherwise make an empty
+    database, and the user would read "model not found" about a store they never meant.
+    Server stores (http://, postgresql://, ...) are left to MLflow: only it can reach them.
+    """
     uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
+    if uri is None:
+        database = Path.cwd() / DEFAULT_STORE
+        named = f"the default store ./{DEFAULT_STORE}"
+        if create:
+            database.parent.mkdir(parents=True, exist_ok=True)
+        uri = f"{_SQLITE}{database}"
+    elif uri.startswith(_SQLITE):
+        database, named = Path(uri.removeprefix(_SQLITE)), f"MLFLOW_TRACKING_URI={uri}"
+    else:
         return uri
-    folder = Path.cwd() / "mlruns"
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / 'mlflow.db'}"
+    if not create and not database.is_file():
+        raise UserInputError(
+            f"no MLflow tracking store: {named} does not exist ({database})",
+            "point at your store with MLFLOW_TRACKING_URI or --tracking-uri, run from the "
+            "folder that holds mlruns/, or train and register a model first "
+            "(`collapse-guard train --runs DIR`)",
+        )
+    return uri
 
 
-def use_store():
-    """Point mlflow at :func:`tracking_uri` and return a client for it.
+def use_store(*, create: bool = True):
+    """Point mlflow at :func:`tracking_uri` (``create`` as there) and return a client.
 
     The URI is read at every call rather than once at import: tests and long-lived
     processes switch stores through the environment.
     """
     import mlflow
 
-    uri = tracking_uri()
+    uri = tracking_uri(create=create)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -70,7 +103,7 @@ def _pinned(uri: str) -> tuple[str, dict[str, str]]:
     if not uri.startswith("models:/"):
         return uri, {}
     name, _, alias = uri.removeprefix("models:/").partition("@")
-    client = use_store()
+    client = use_store(create=False)
     if alias:
         version = client.get_model_version_by_alias(name, alias)
     elif "/" in name:
@@ -109,19 +142,21 @@ def fetched_model_folder(uri: str) -> Iterator[tuple[Path, dict[str, str]]]:
     registry version). The folder is deleted on exit: load what you need inside.
 
     ``uri``: ``models:/collapse-predictor@champion``, ``models:/collapse-predictor/3``,
-    ``models:/m-<id>`` or ``runs:/<run id>/risk_model``.
+    ``models:/m-<id>`` or ``runs:/<run id>/risk_model``. A SQLite tracking store that
+    does not exist is a :class:`UserInputError` (:func:`tracking_uri`), and none is made.
     """
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    use_store()
+    use_store(create=False)  # a read: a missing store is an error, never a new one
     with tempfile.TemporaryDirectory(prefix="collapse-guard-model-") as tmp:
         try:
             pinned, stamp = _pinned(uri)
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=tmp))
         except MlflowException as error:
             raise ValueError(
-                f"cannot load model {uri!r} from the tracking store {tracking_uri()}: "
+                f"cannot load model {uri!r} from the tracking store "
+                f"{tracking_uri(create=False)}: "
                 f"{error.message}; expected a registered model "
                 "(models:/collapse-predictor@champion) or a run artifact; train one with "
                 "`collapse-guard train --runs DIR`, or set MLFLOW_TRACKING_URI"

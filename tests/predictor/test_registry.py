@@ -41,15 +41,6 @@ def models(tmp_path_factory):
     return model, eager, silent, splits["test"]
 
 
-def test_tracking_uri_defaults_to_sqlite_under_cwd(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert registry.tracking_uri() == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
-    assert (tmp_path / "mlruns").is_dir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
-    assert registry.tracking_uri() == "http://example:5000"
-
-
 def test_experiment_artifacts_live_beside_the_database(store):
     import mlflow
 
