@@ -154,6 +154,25 @@ def test_data_import_of_a_folder_without_logs_is_an_error(tmp_path, content):
     assert not list((tmp_path / "out").glob("*.parquet"))
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["synth", "--n", "0"], "--n"),
+        (["synth", "--n", "-2"], "--n"),
+        (["synth", "--n", "2", "--seed", "-1"], "--seed"),
+        (["real", "--n", "0"], "--n"),
+        (["real", "--n", "2", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_data_commands_refuse_nonsensical_counts_and_seeds(tmp_path, args, option):
+    """Zero runs is a mistake, not a job; a negative seed crashed numpy's generator."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["data", *args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
+    assert not out.exists()  # nothing was started
+
+
 def test_debug_shows_the_traceback_instead(tmp_path):
     """The same input error as in the test above, with --debug: the full traceback."""
     done = subprocess.run(

@@ -16,12 +16,12 @@ __all__ = ["real_command"]
 
 
 def real_command(
-    n: Annotated[int, typer.Option("--n", min=0, help="Number of runs in the sweep.")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Number of runs in the sweep.")],
     workers: Annotated[int, typer.Option("--workers", min=1, help="Local worker processes.")] = 2,
     out: Annotated[Path, typer.Option("--out", help="Folder for the run files.")] = Path(
         "runs/real"
     ),
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the config sweep.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the config sweep.")] = 0,
     scheduler: Annotated[
         str | None,
         typer.Option("--scheduler", help="Dask scheduler address; runs go to its workers."),

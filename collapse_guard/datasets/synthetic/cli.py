@@ -17,12 +17,12 @@ __all__ = ["synth_command"]
 
 
 def synth_command(
-    n: Annotated[int, typer.Option("--n", min=0, help="Number of runs to generate.")] = 1000,
+    n: Annotated[int, typer.Option("--n", min=1, help="Number of runs to generate.")] = 1000,
     out: Annotated[Path, typer.Option("--out", help="Folder for the run files.")] = Path(
         "runs/synthetic"
     ),
     seed: Annotated[
-        int, typer.Option("--seed", help="Master seed; run i is the same for any n.")
+        int, typer.Option("--seed", min=0, help="Master seed; run i is the same for any n.")
     ] = 0,
     workers: Annotated[
         int,
