@@ -4,10 +4,12 @@
 >>> model = RiskModel.load()                 # bundled default model
 >>> risk = model.predict_run(frame)          # P(collapse within the horizon) by step
 >>> model.thresholds                         # {"watch": p, "warn": p, "critical": p}
+>>> result = train_risk_model(paths)         # a TrainingResult: model, report, split
+>>> log_result(result)                       # MLflow run, registered, promoted if better
 
 Names are imported on first use (PEP 562), so ``import collapse_guard.predictor``
-costs nothing and never imports torch or mlflow; LightGBM and scikit-learn load with
-the first name that needs them.
+costs nothing and never imports torch; LightGBM and scikit-learn load with the first
+name that needs them, mlflow only with ``log_result``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ __all__ = [
     "ModelFormatError",
     "RiskModel",
     "RunSplit",
+    "TrainingResult",
     "build_training_data",
     "default_baselines",
     "evaluate_runs",
     "load_runs",
+    "log_result",
     "split_runs",
     "thresholds_from_budgets",
     "train_risk_model",
@@ -51,7 +55,9 @@ _WHERE = {
     "load_runs": "training_data",
     "split_runs": "training_data",
     "default_baselines": "baselines",
+    "TrainingResult": "train",
     "train_risk_model": "train",
+    "log_result": "registry",
 }
 
 

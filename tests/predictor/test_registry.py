@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,17 @@ def models(tmp_path_factory):
     eager = set_levels(copy("eager"), healthy, {"watch": 10, "warn": 100, "critical": 1000})
     silent = copy("silent").with_thresholds({"watch": 1.01, "warn": 1.01, "critical": 1.01})
     return model, eager, silent, splits["test"]
+
+
+def test_the_package_exports_the_training_result_and_its_logging_without_torch():
+    code = (
+        "import sys; from collapse_guard.predictor import TrainingResult, log_result; "
+        "from collapse_guard.predictor import registry, train; "
+        "assert TrainingResult is train.TrainingResult and log_result is registry.log_result; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_experiment_artifacts_live_beside_the_database(store):
