@@ -85,10 +85,10 @@ def registry_version(source: str) -> str | None:
         return None
     import mlflow
 
-    from collapse_guard.predictor.registry import tracking_uri
+    from collapse_guard.predictor.store import tracking_uri
 
     name, alias = source.removeprefix("models:/").rsplit("@", 1)
-    uri = tracking_uri()
+    uri = tracking_uri(create=False)  # a read: a missing store is an error, never made
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     return str(client.get_model_version_by_alias(name, alias).version)
 
