@@ -4,8 +4,10 @@ Store. SQLite under ``mlruns/`` in the current directory unless ``MLFLOW_TRACKIN
 says otherwise: MLflow 3.17 refuses the plain-folder store, and a SQLite store keeps the
 registry and aliases (../shared/STACK.md). Each experiment is created with an explicit
 artifact location beside the database, because SQLite stores otherwise put artifacts
-relative to whatever directory the process happened to start in. Loading a model by URI
-is ``RiskModel.load`` (through ``predictor.store``).
+relative to whatever directory the process happened to start in. The store's URI and
+client are ``predictor.store``'s (``store.tracking_uri``, ``store.use_store``), not
+re-exported here: importing this module costs mlflow, matplotlib and the training code.
+Loading a model by URI is ``RiskModel.load`` (through ``predictor.store``).
 
 What one training leaves behind (one MLflow run):
 
@@ -47,11 +49,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
-from collapse_guard.predictor import promotion
+from collapse_guard.predictor import promotion, store
 from collapse_guard.predictor.plots import report_artifacts
 from collapse_guard.predictor.promotion import Decision
 from collapse_guard.predictor.risk import MODEL_NAME, ModelFormatError, RiskModel
-from collapse_guard.predictor.store import FOLDER_ARTIFACT, tracking_uri, use_store
 from collapse_guard.predictor.train import TrainingResult
 from collapse_guard.predictor.training_data import RunRecord
 from collapse_guard.signals import SIGNAL_NAMES
@@ -66,7 +67,6 @@ __all__ = [
     "ensure_experiment",
     "log_result",
     "log_training",
-    "tracking_uri",
     "training_params",
 ]
 
@@ -88,18 +88,18 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 
 def ensure_experiment(name: str = DEFAULT_EXPERIMENT) -> str:
     """Id of the experiment ``name``, created with an explicit artifact location if new."""
-    client = use_store()
+    client = store.use_store()
     existing = client.get_experiment_by_name(name)
     if existing is not None:
         return existing.experiment_id
     return client.create_experiment(
-        name, artifact_location=_artifact_location(tracking_uri(), name)
+        name, artifact_location=_artifact_location(store.tracking_uri(), name)
     )
 
 
 def champion_version(model_name: str = MODEL_NAME) -> str | None:
     """The version the ``champion`` alias points at, or None when there is none yet."""
-    client = use_store()
+    client = store.use_store()
     try:
         return str(client.get_model_version_by_alias(model_name, CHAMPION).version)
     except MlflowException:
@@ -159,12 +159,12 @@ def _clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def _log_model(model: RiskModel, folder: Path, registered_name: str | None):
     model.save(folder)
-    mlflow.log_artifacts(str(folder), FOLDER_ARTIFACT)
+    mlflow.log_artifacts(str(folder), store.FOLDER_ARTIFACT)
     mlflow.log_dict(model.schema.to_dict(), "feature_schema.json")
     return mlflow.pyfunc.log_model(
         name="pyfunc",
         python_model=str(PYFUNC_CODE),
-        artifacts={FOLDER_ARTIFACT: str(folder)},
+        artifacts={store.FOLDER_ARTIFACT: str(folder)},
         signature=_signature(),
         input_example=_INPUT_EXAMPLE,
         pip_requirements=_PIP_REQUIREMENTS,
@@ -232,7 +232,7 @@ def log_training(
         score: stand-in figures ``{"recall_at_warn": ...}`` per model, for tests that
             skip the evaluation; the real rule needs ``comparison_runs`` instead.
     """
-    use_store()
+    store.use_store()
     experiment_id = ensure_experiment(experiment)
     with (
         tempfile.TemporaryDirectory(prefix="collapse-guard-log-") as tmp,
@@ -252,14 +252,16 @@ def log_training(
         if artifacts is not None:
             mlflow.log_artifacts(str(artifacts), "plots")
         previous = champion_version(model_name) if register else None
-        info = _log_model(model, Path(tmp) / FOLDER_ARTIFACT, model_name if register else None)
+        info = _log_model(
+            model, Path(tmp) / store.FOLDER_ARTIFACT, model_name if register else None
+        )
         if not register:
             return TrainingRecord(run.info.run_id, experiment_id, None, None, None)
         version = str(info.registered_model_version)
         decision = _decide(model, model_name, previous, comparison_runs, score)
         _log_decision(decision, previous)
         if decision.promoted:
-            use_store().set_registered_model_alias(model_name, CHAMPION, version)
+            store.use_store().set_registered_model_alias(model_name, CHAMPION, version)
         return TrainingRecord(run.info.run_id, experiment_id, version, previous, decision)
 
 

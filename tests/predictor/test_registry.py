@@ -54,6 +54,13 @@ def test_the_package_exports_the_training_result_and_its_logging_without_torch()
     assert out.stdout.strip() == "False"
 
 
+def test_the_store_is_imported_from_store_not_from_the_registry():
+    """The registry is heavy (mlflow, matplotlib, training): a reader of the store's URI
+    (the service's alias poll) must not pay for it, so the registry re-exports none."""
+    for name in ("tracking_uri", "use_store", "FOLDER_ARTIFACT"):
+        assert not hasattr(registry, name) and name not in registry.__all__
+
+
 def test_experiment_artifacts_live_beside_the_database(store):
     import mlflow
 
