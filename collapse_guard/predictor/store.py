@@ -67,9 +67,9 @@ def tracking_uri(*, create: bool = True) -> str:
     if not create and not database.is_file():
         raise UserInputError(
             f"no MLflow tracking store: {named} does not exist ({database})",
-            "point at your store with MLFLOW_TRACKING_URI or --tracking-uri, run from the "
-            "folder that holds mlruns/, or train and register a model first "
-            "(`collapse-guard train --runs DIR`)",
+            "point at your store with MLFLOW_TRACKING_URI (or --tracking-uri where the command "
+            "takes it), run from the folder that holds mlruns/, or train and register a model "
+            "first (`collapse-guard train --runs DIR`)",
         )
     return uri
 

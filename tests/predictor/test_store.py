@@ -30,7 +30,7 @@ def test_a_read_of_a_missing_store_names_it_and_makes_nothing(no_store, monkeypa
     message = str(caught.value)
     assert "./mlruns/mlflow.db does not exist" in message
     assert str(no_store / "mlruns" / "mlflow.db") in message
-    assert "MLFLOW_TRACKING_URI or --tracking-uri" in message
+    assert "MLFLOW_TRACKING_URI (or --tracking-uri" in message
     database = no_store / "elsewhere" / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
     with pytest.raises(UserInputError, match=f"MLFLOW_TRACKING_URI=sqlite:///{database}"):
