@@ -22,6 +22,7 @@ from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
 from collapse_guard.errors import is_user_error, print_error
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
+from collapse_guard.predictor.retrain_cli import retrain as retrain_command
 from collapse_guard.service.cli import serve_command
 
 __all__ = ["ErrorHandlingGroup", "app", "spread_repeated_options"]
@@ -108,6 +109,10 @@ app.add_typer(data_app, name="data", help="Make, import and summarise run files.
 app.command(name="train", help="Train a risk model on run files and track it in MLflow.")(
     train_command
 )
+app.command(
+    name="retrain",
+    help="Retrain on new runs; the challenger becomes champion only by the promotion rule.",
+)(retrain_command)
 app.command(name="evaluate", help="Evaluate a risk model beside the baselines.")(evaluate_command)
 app.command(name="predict", help="Score one run and plot its risk.")(predict_command)
 app.command(

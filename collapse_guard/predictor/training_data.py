@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from collapse_guard.datasets.censor import censor_guarded
 from collapse_guard.datasets.label import HORIZON, collapse_targets
 from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
 from collapse_guard.errors import UserInputError
@@ -37,6 +38,7 @@ __all__ = [
     "RunRecord",
     "RunSplit",
     "TrainingData",
+    "as_training_run",
     "build_training_data",
     "concat_rows",
     "data_fingerprint",
@@ -100,13 +102,27 @@ def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
     return sorted(paths)
 
 
+def as_training_run(frame: pd.DataFrame, meta: RunMeta) -> tuple[pd.DataFrame, RunMeta]:
+    """A run as training and evaluation may read it: a guarded run labelled and censored.
+
+    The guard writes its runs unlabelled and keeps acting on them; read raw, every row of a
+    guarded run would count as healthy, also after an intervention that may have averted a
+    collapse (``datasets.censor`` says which rows keep a known outcome). A copy that
+    ``retrain`` ingested is censored already (``extra["censoring"]``) and passes as it is.
+    """
+    if meta.source != "guarded" or "censoring" in meta.extra:
+        return frame, meta
+    kept, labelled, _ = censor_guarded(frame, meta)
+    return kept, labelled
+
+
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Read run files; duplicate run ids are an error (they would defeat the split)."""
     records: list[RunRecord] = []
     seen: dict[str, Path] = {}
     for path in paths:
         path = Path(path)
-        frame, meta = read_run(path)
+        frame, meta = as_training_run(*read_run(path))
         if meta.run_id in seen:
             raise ValueError(
                 f"run id {meta.run_id!r} appears in both {seen[meta.run_id]} and {path}; "

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collapse_guard.datasets.label import collapse_targets
-from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.datasets.label import HORIZON, LabelRule, collapse_targets
+from collapse_guard.datasets.runfile import RunMeta, write_run
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.training_data import (
@@ -15,6 +15,7 @@ from collapse_guard.predictor.training_data import (
     build_training_data,
     data_fingerprint,
     find_run_files,
+    load_runs,
     split_runs,
 )
 
@@ -99,3 +100,20 @@ def test_find_run_files_sorts_dedupes_and_refuses_empty_or_missing(tmp_path, syn
         find_run_files([tmp_path])
     with pytest.raises(UserInputError, match="does not exist: expected a folder"):
         find_run_files([tmp_path / "nope"])
+
+
+def test_a_raw_guarded_run_is_censored_when_loaded(tmp_path):
+    # the guard writes its runs unlabelled: read raw, all 1,500 rows would train as healthy,
+    # also those after the LR cut at step 900 that may have averted a collapse
+    steps = np.arange(1500)
+    loss = 2.4 + 3.0 * np.exp(-steps / 200)
+    events = ["lr_x0.5" if s == 900 else "" for s in steps]
+    frame = pd.DataFrame({"step": steps, "loss": loss, "event": events})
+    path = tmp_path / "guarded.parquet"
+    write_run(path, frame, RunMeta(run_id="g", source="guarded", extra={"guard": {}}))
+    (run,) = load_runs([path])
+    assert run.frame["step"].max() == 900 - LabelRule().tail_min_steps - HORIZON - 1
+    assert run.meta.label_version is not None and run.meta.extra["censoring"]["rows_before"] == 1500
+    plain = tmp_path / "plain.parquet"
+    write_run(plain, frame, RunMeta(run_id="p", source="real"))
+    assert len(load_runs([plain])[0].frame) == 1500  # only guarded runs are censored
