@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,7 +177,6 @@ def _decide(
     model_name: str,
     previous: str | None,
     comparison_runs: Sequence[RunRecord],
-    score: Callable[[RiskModel], Mapping[str, float]] | None,
 ) -> Decision:
     """Promotion against the current champion ``previous`` (``predictor.promotion``)."""
     if previous is None:
@@ -188,19 +187,7 @@ def _decide(
         # A champion this code cannot run (older feature version or folder format)
         # serves no one: the new model replaces it.
         return Decision(True, f"champion v{previous} cannot be loaded: {error}")
-    if score is not None:
-        return _decide_on_given_scores(score(model), score(champion))
     return promotion.compare(model, champion, comparison_runs)
-
-
-def _decide_on_given_scores(new: Mapping[str, float], old: Mapping[str, float]) -> Decision:
-    # Only for callers that stand in for the evaluation (the service's reload tests): the
-    # rule's recall comparison on figures they give. Real promotion passes comparison_runs.
-    promoted = new["recall_at_warn"] > old["recall_at_warn"]
-    return Decision(
-        promoted,
-        f"given recall at warn {new['recall_at_warn']} vs champion's {old['recall_at_warn']}",
-    )
 
 
 def log_training(
@@ -215,7 +202,6 @@ def log_training(
     register: bool = True,
     model_name: str = MODEL_NAME,
     tags: Mapping[str, str] | None = None,
-    score: Callable[[RiskModel], Mapping[str, float]] | None = None,
 ) -> TrainingRecord:
     """Log one training as an MLflow run, register it, promote it if the rule says so.
 
@@ -229,8 +215,6 @@ def log_training(
             Without any, a champion is never replaced (only a first model is promoted).
         artifacts: a folder (plots, tables) logged under ``plots/``.
         register: register as a new version of ``model_name`` and decide promotion.
-        score: stand-in figures ``{"recall_at_warn": ...}`` per model, for tests that
-            skip the evaluation; the real rule needs ``comparison_runs`` instead.
     """
     store.use_store()
     experiment_id = ensure_experiment(experiment)
@@ -258,7 +242,7 @@ def log_training(
         if not register:
             return TrainingRecord(run.info.run_id, experiment_id, None, None, None)
         version = str(info.registered_model_version)
-        decision = _decide(model, model_name, previous, comparison_runs, score)
+        decision = _decide(model, model_name, previous, comparison_runs)
         _log_decision(decision, previous)
         if decision.promoted:
             store.use_store().set_registered_model_alias(model_name, CHAMPION, version)

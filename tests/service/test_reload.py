@@ -133,7 +133,7 @@ def test_load_with_a_reload_in_the_middle(served, client, default_model, variant
 
 def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir):
     """The --poll path: the alias moves to a new version, the follower reloads it."""
-    from collapse_guard.predictor import registry
+    from collapse_guard.predictor import registry, store
     from collapse_guard.predictor.risk import RiskModel
     from collapse_guard.service.model_state import ModelHolder, load_serving
     from collapse_guard.service.reload_channel import Follower, ReloadChannel
@@ -143,14 +143,11 @@ def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir
     holder = ModelHolder(load_serving(source))
     before = holder.current.version
     record = registry.log_training(
-        RiskModel.load(variant_dir),
-        metrics={},
-        # the new model scores 0.9, the champion (v1) 0.1: promoted
-        score=lambda m: {"recall_at_warn": 0.1 if m.meta["version"] == "1" else 0.9, "pr_auc": 0.5},
-        params={"test": 2},
-        fingerprint="service-test-2",
+        RiskModel.load(variant_dir), metrics={}, params={"test": 2}, fingerprint="service-test-2"
     )
-    assert record.promoted and record.version != before
+    # the alias is moved as an operator (or retrain) would: what the poller follows
+    assert not record.promoted and record.version != before
+    store.use_store().set_registered_model_alias("collapse-predictor", "champion", record.version)
     follower = Follower(holder, ReloadChannel(tmp_path / "reload.json"), poll_seconds=0.1)
     follower._poll()
     assert holder.current.version == record.version
