@@ -12,10 +12,15 @@ The order of the rules is the order of their urgency::
               max_skip_streak non-finite-gradient skips in a row | max_outlier_skips
               z-score skips in a row within lr_jump_steps of an LR jump -> no update,
               roll back to the ring's average, skip batches, cap the LR
-    data      the first step after a rollback is a loss outlier at the restored weights:
-              the data went bad, not the model -> data-fault mode: outlier batches are
-              skipped without limit and the online collapse does not rescue (rolling back
-              cannot fix data) until data_clear_steps clean batches in a row
+    average   the first step after a rollback to the ring's average is a loss outlier: the
+              mean of the checkpoints left the basin (far-apart checkpoints, sign-update
+              optimizers) -> roll back again to the newest checkpoint alone, with no new
+              LR cut or batch skips; only a measured checkpoint can tell data from model
+    data      the first step after a rollback to one checkpoint is a loss outlier at the
+              restored weights: the data went bad, not the model -> data-fault mode:
+              outlier batches are skipped without limit and the online collapse does not
+              rescue (rolling back cannot fix data) until data_clear_steps clean batches
+              in a row
     skip      non-finite gradient, loss / grad-norm z over outlier_z (critical_outlier_z
               at `critical`) -> no update this step; after max_outlier_skips z-score
               skips in a row the next outlier is applied (clipped): it is the data now
@@ -40,6 +45,7 @@ event                       meaning
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
 ``lr_ceiling:<lr>``          the LR in force is capped at ``lr`` from now on (rescue)
+``rescue:average_worse:..``  the ring's average is worse than its newest: roll back to it
 ``data_fault:<reason>``     data-fault mode begins (the restored weights see outliers)
 ``data_clear``              data-fault mode ends
 ``layer_caps:<n>``          ``n`` tensors that blew up get a gradient-norm cap
@@ -79,6 +85,7 @@ class StepFacts:
     amp_overflow: bool = False  # the GradScaler found inf/NaN: its own skip, not ours
     lr_jump: bool = False  # the loop's LR rose over lr_jump_ratio within lr_jump_steps
     after_rollback: bool = False  # the first step at the weights a rollback restored
+    averaged_rollback: bool = False  # those weights are a mean of checkpoints, never measured
     data_fault: bool = False  # in data-fault mode before this step
     clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
 
@@ -135,6 +142,8 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
     skip, streak = _skip_reason(facts, policy), facts.skip_streak + 1
     if streak >= policy.max_skip_streak and skip == "nonfinite_grad":
         return f"skip_streak={streak}"
+    if facts.after_rollback and facts.averaged_rollback and skip.startswith("loss_z"):
+        return f"average_worse:{skip}"  # the mean of the ring is off the basin: the newest alone
     outliers = skip and skip != "nonfinite_grad" and not facts.data_fault
     if outliers and facts.lr_jump and facts.skip_streak >= policy.max_outlier_skips:
         return f"lr_jump:{skip}"  # the outliers follow the LR's jump: the model broke

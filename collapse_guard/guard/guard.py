@@ -153,6 +153,7 @@ class Guard:
         self.data_fault = False  # data-fault mode (decision.py)
         self.clean_steps = 0  # non-outlier steps in a row in data-fault mode
         self.after_rollback = False  # the next step runs at weights a rollback restored
+        self.averaged_rollback = False  # ... and they are a mean of several checkpoints
         self.loop_lrs: deque[float] = deque(maxlen=2 * self.policy.lr_jump_steps)
         self.continues: dict[str, Any] | None = None  # the run file a resume continues
         self.layer_bounds: dict[str, float] = {}  # tensor -> gradient-norm cap after rescues
@@ -211,6 +212,7 @@ class Guard:
         "data_fault",
         "clean_steps",
         "after_rollback",
+        "averaged_rollback",
         "layer_bounds",
         "pending_skips",
         "rescues",
@@ -384,6 +386,7 @@ class Guard:
             amp_overflow=self._amp_overflow(),
             lr_jump=self._lr_jumped(),
             after_rollback=self.after_rollback,
+            averaged_rollback=self.averaged_rollback,
             data_fault=self.data_fault,
             clean_steps=self.clean_steps,
         )
@@ -391,6 +394,8 @@ class Guard:
         decision = self._forced_decision(decision)
         if decision.rescue:
             paths = tuple(str(p) for p in self.ring.paths())
+            if decision.reason.startswith("average_worse"):
+                paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
             decision = replace(decision, rollback_to=paths)
         return decision
 
@@ -560,6 +565,7 @@ class Guard:
             self.history.save(folder, blown)
             events.append(f"forensics:{folder.name}")
         healthy_lr = self.lr_in_force  # without a checkpoint: the LR of the last update
+        self.averaged_rollback = False
         if decision.rollback_to:
             state = self.ring.rollback_state(decision.rollback_to)
             lrs = [g["lr"] for g in self.optimizer.param_groups]  # the loop's LR stays
@@ -571,20 +577,23 @@ class Guard:
                 self.scaler.load_state_dict(state["scaler"])
             self._load_trajectory(state["guard"]["trajectory"])
             healthy_lr = self.lr_in_force  # the newest checkpoint's
+            self.averaged_rollback = state["averaged"] > 1
             self.probe.reset()  # the rollback is not an update: forget the previous sketch
             events.append(f"rollback:avg{state['averaged']}@{state['step']}")
             ddp.barrier()  # every rank has read the files before rank 0 may replace them
         else:
             self._reset_trajectory()
             events.append("rollback:none")
+        self.after_rollback = True
+        self.rescues += 1
+        self.skip_streak = self.quiet_steps = 0
+        if decision.reason.startswith("average_worse"):  # a correction of the last rescue:
+            return events  # its LR cap and batch skips stand, none added
         if math.isfinite(healthy_lr):
             self.lr_ceiling = p.rescue_lr * min(self.lr_ceiling, healthy_lr)
-        self.after_rollback = True
         self.pending_skips += p.skip_batches
         for name, median in blown.items():
             self.layer_bounds[name] = p.rescue_layer_clip * median
-        self.rescues += 1
-        self.skip_streak = self.quiet_steps = 0
         events += [f"skip_batches:{p.skip_batches}", f"lr_ceiling:{self.lr_ceiling:.3g}"]
         if blown:
             events.append(f"layer_caps:{len(blown)}")

@@ -127,3 +127,9 @@ def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limi
     assert clear.apply_update and not clear.data_fault and "data_clear" in clear.events
     # a normal first batch after a rollback: no data fault
     assert not decide(facts(after_rollback=True, loss_z=1.0), POLICY).data_fault
+
+
+def test_an_outlier_at_the_rings_average_rolls_back_to_the_newest_not_a_data_fault():
+    # a mean of checkpoints was never measured: it cannot tell the data from the model
+    d = decide(facts(after_rollback=True, averaged_rollback=True, loss_z=9.0), POLICY)
+    assert d.rescue and d.reason == "average_worse:loss_z=9.0" and not d.data_fault
