@@ -9,8 +9,13 @@ folder's own constants in a module of a name found nowhere else.
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
+from pathlib import Path
 
-__all__ = ["free_port"]
+import httpx
+
+__all__ = ["free_port", "wait_ready"]
 
 
 def free_port() -> int:
@@ -18,3 +23,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.0) -> None:
+    """Return once ``url``'s ``/readyz`` answers 200; raise with the server's log tail if
+    it exits or is not ready within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the server was not ready in {limit} s:\n{log.read_text()[-3000:]}")

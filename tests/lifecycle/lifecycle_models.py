@@ -6,13 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from lifecycle_settings import BUDGETS, FAST_PARAMS
-from support import free_port
+from support import free_port, wait_ready
 
 from collapse_guard.datasets.runfile import list_runs
 from collapse_guard.predictor import registry
@@ -31,20 +29,6 @@ def never_warning_champion(base: Path) -> RiskModel:
     record = registry.log_training(model, params={"test": "never warns"}, fingerprint="t")
     assert record.version == "1" and registry.champion_version() == "1"
     return model
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the server was not ready in {limit} s:\n{log.read_text()[-3000:]}")
 
 
 @contextmanager
@@ -66,7 +50,7 @@ def served(folder: Path, *args: str):
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, log)
+        wait_ready(url, proc, log)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

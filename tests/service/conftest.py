@@ -16,14 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from helpers import TOKEN
 from service_settings import SERVED_BODY_LIMIT, VARIANT_VERSION
-from support import free_port
+from support import free_port, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -133,20 +131,6 @@ def app_client(tmp_path_factory):
                 os.environ[key] = value
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the server was not ready in {limit} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def served(tmp_path_factory, store_uri, request):
     """URL of a real served instance: `collapse-guard serve --workers 2`, token TOKEN."""
@@ -169,7 +153,7 @@ def served(tmp_path_factory, store_uri, request):
     url = f"http://127.0.0.1:{port}"
     try:
         request.getfixturevalue("mlflow_uri")  # fill the store while the server starts
-        _wait_ready(url, proc, log)
+        wait_ready(url, proc, log)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
