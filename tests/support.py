@@ -8,14 +8,19 @@ folder's own constants in a module of a name found nowhere else.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-__all__ = ["free_port", "wait_ready"]
+__all__ = ["free_port", "serve_process", "wait_ready"]
 
 
 def free_port() -> int:
@@ -39,3 +44,35 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, limit: float = 180.0
             pass
         time.sleep(0.3)
     raise RuntimeError(f"the server was not ready in {limit} s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def serve_process(
+    folder: Path, args: list[str], env: Mapping[str, str]
+) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """``collapse-guard serve ARGS`` on a free loopback port, in its own process group.
+
+    Yields ``(url, process, log)`` as soon as it is started (callers may prepare other
+    things while it loads, then :func:`wait_ready`); SIGTERM to the group at the end
+    (``bentoml serve`` forks its workers), SIGKILL if it does not stop in 20 s.
+    """
+    port = free_port()
+    command = Path(sys.executable).with_name("collapse-guard")
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(command), "serve", "--port", str(port), *args],
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield f"http://127.0.0.1:{port}", proc, log
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

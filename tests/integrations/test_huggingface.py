@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parameter_snapshots import same, snapshot
 
 pytest.importorskip("accelerate")  # the Trainer refuses to start without it
 transformers = pytest.importorskip("transformers")
@@ -26,14 +27,6 @@ class Tokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 class Drill(transformers.TrainerCallback):

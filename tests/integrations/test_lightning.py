@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parameter_snapshots import same, snapshot
 
 L = pytest.importorskip("lightning.pytorch")
 
@@ -38,14 +39,6 @@ def loader(rows: int = 256, batch: int = 8) -> torch.utils.data.DataLoader:
     x = torch.randn(rows, 8, generator=generator)
     y = x @ torch.randn(8, 1, generator=generator) + 0.1 * torch.randn(rows, 1, generator=generator)
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
-
-
-def snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in module.parameters()]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 class Drill(L.Callback):

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 from lifecycle_settings import BUDGETS, FAST_PARAMS
-from support import free_port, wait_ready
+from support import serve_process, wait_ready
 
 from collapse_guard.datasets.runfile import list_runs
 from collapse_guard.predictor import registry
@@ -35,27 +32,8 @@ def never_warning_champion(base: Path) -> RiskModel:
 def served(folder: Path, *args: str):
     """URL of `collapse-guard serve ARGS` on a free loopback port (its own process group,
     BENTOML_HOME in ``folder``, no token); SIGTERM to the group at the end."""
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "COLLAPSE_GUARD_TOKEN"}
     env["BENTOML_HOME"] = str(folder / "bentoml")
-    command = Path(sys.executable).with_name("collapse-guard")
-    log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(command), "serve", "--port", str(port), *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serve_process(folder, list(args), env) as (url, proc, log):
         wait_ready(url, proc, log)
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)

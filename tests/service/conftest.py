@@ -13,15 +13,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 
 import shutil
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from helpers import TOKEN
 from service_settings import SERVED_BODY_LIMIT, VARIANT_VERSION
-from support import free_port, wait_ready
+from support import serve_process, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +131,6 @@ def app_client(tmp_path_factory):
 def served(tmp_path_factory, store_uri, request):
     """URL of a real served instance: `collapse-guard serve --workers 2`, token TOKEN."""
     folder = tmp_path_factory.mktemp("served")
-    port = free_port()
     env = dict(os.environ)
     env.update(
         BENTOML_HOME=str(folder / "bentoml"),
@@ -143,22 +138,8 @@ def served(tmp_path_factory, store_uri, request):
         COLLAPSE_GUARD_MAX_BODY_BYTES=str(SERVED_BODY_LIMIT),
         MLFLOW_TRACKING_URI=store_uri,
     )
-    command = Path(sys.executable).with_name("collapse-guard")
-    args = [str(command), "serve", "--port", str(port), "--workers", "2", "--model", "default"]
-    log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    args = ["--workers", "2", "--model", "default"]
+    with serve_process(folder, args, env) as (url, proc, log):
         request.getfixturevalue("mlflow_uri")  # fill the store while the server starts
         wait_ready(url, proc, log)
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
