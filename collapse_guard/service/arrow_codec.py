@@ -28,7 +28,7 @@ import pyarrow.compute  # makes pa.compute available
 
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
-from collapse_guard.service.runs import RunWindow, check_batch_size, check_window
+from collapse_guard.service.runs import WindowBatch, check_batch_size, check_window
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = ["ARROW_TYPE", "RawRun", "decode_runs", "encode_runs"]
@@ -129,11 +129,11 @@ def _grouped(batches: list[pa.RecordBatch]) -> tuple[pa.Table, list[tuple[str, i
 
 def decode_runs(
     body: bytes, *, signals: Sequence[str], context_fields: Sequence[str], limits: Limits
-) -> list[RunWindow]:
-    """Checked windows from an Arrow IPC stream (BadRequest naming what is wrong).
+) -> WindowBatch:
+    """The checked runs of an Arrow IPC stream (BadRequest naming what is wrong).
 
-    Each column is converted once for the whole stream, then sliced per run: ~60x
-    cheaper than converting per run (measured: 35 ms -> 0.6 ms for 64 runs).
+    Each column is converted once for the whole stream and stays whole: the batch's
+    runs are row ranges of it (converting per run cost 35 ms for 64 runs, slicing 0.6).
     """
     batches = _read(body)
     if not batches:
@@ -148,26 +148,49 @@ def decode_runs(
         for n in names
         if n.startswith(_CONTEXT)
     }
-    if _plain(steps, runs, columns, contexts, context_fields, limits):
-        return _windows(steps, runs, columns, contexts, signals)
-    out = []  # something is wrong: each run's checks say what, as for JSON
+    if not _plain(steps, runs, columns, contexts, context_fields, limits):
+        _raise_first_error(steps, runs, columns, contexts, signals, context_fields, limits)
+    bounds = np.array([start for _, start, _ in runs] + [len(steps)], dtype=np.int64)
+    last = bounds[1:] - 1
+    absent = np.full(len(runs), np.nan)
+    return WindowBatch(
+        run_ids=[run_id for run_id, _, _ in runs],
+        steps=steps,
+        bounds=bounds,
+        columns={n: columns[n] for n in signals if n in columns},
+        # a run's context is its last row's (NaN there: not given, as a JSON null)
+        contexts=np.stack(
+            [contexts[f][last] if f in contexts else absent for f in context_fields], axis=1
+        ).reshape(len(runs), len(context_fields)),
+    )
+
+
+def _raise_first_error(
+    steps: np.ndarray,
+    runs: list[tuple[str, int, int]],
+    columns: Mapping[str, np.ndarray],
+    contexts: Mapping[str, np.ndarray],
+    signals: Sequence[str],
+    context_fields: Sequence[str],
+    limits: Limits,
+) -> None:
+    """The error of the first run :func:`runs.check_window` refuses, with its message
+    (as for JSON); a stream :func:`_plain` refused always has one."""
     for run_id, start, count in runs:
         rows = slice(start, start + count)
         last = start + count - 1
         context = {k: None if np.isnan(v[last]) else float(v[last]) for k, v in contexts.items()}
-        out.append(
-            check_window(
-                f"arrow run {run_id!r}",
-                run_id,
-                steps[rows],
-                {n: c[rows] for n, c in columns.items()},
-                context if count else {},
-                signals=signals,
-                context_fields=context_fields,
-                limits=limits,
-            )
+        check_window(
+            f"arrow run {run_id!r}",
+            run_id,
+            steps[rows],
+            {n: c[rows] for n, c in columns.items()},
+            context if count else {},
+            signals=signals,
+            context_fields=context_fields,
+            limits=limits,
         )
-    return out
+    raise AssertionError("_plain refused a stream whose every run passes check_window")
 
 
 def _plain(
@@ -190,25 +213,6 @@ def _plain(
     rising = np.diff(steps) > 0
     rising[np.cumsum(counts)[:-1] - 1] = True
     return bool(rising.all())
-
-
-def _windows(
-    steps: np.ndarray,
-    runs: list[tuple[str, int, int]],
-    columns: Mapping[str, np.ndarray],
-    contexts: Mapping[str, np.ndarray],
-    signals: Sequence[str],
-) -> list[RunWindow]:
-    """The windows of runs :func:`_plain` passed: what check_window would return."""
-    names = [n for n in signals if n in columns]
-    out = []
-    for run_id, start, count in runs:
-        last = start + count - 1
-        # NaN in the last row = not given, left out as check_window leaves out None
-        context = {k: float(v[last]) for k, v in contexts.items() if not np.isnan(v[last])}
-        rows = slice(start, start + count)
-        out.append(RunWindow(run_id, steps[rows], {n: columns[n][rows] for n in names}, context))
-    return out
 
 
 def encode_runs(runs: Sequence[RawRun]) -> bytes:

@@ -22,7 +22,7 @@ import numpy as np
 
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.levels import LEVELS
-from collapse_guard.service.runs import RunWindow
+from collapse_guard.service.runs import RunWindow, WindowBatch
 from collapse_guard.service.scoring import Scorer
 from collapse_guard.service.wire import ModelInfo, SchemaInfo
 
@@ -86,7 +86,8 @@ def known_window(signals: Sequence[str], steps: int = DEFAULT_WINDOW) -> RunWind
 
 def _check(scorer: Scorer) -> float:
     window = known_window(scorer.signals)
-    served = scorer.score([window], top_k=1)[0].probability
+    batch = WindowBatch.of([window], scorer.context_fields)
+    served = scorer.answers(batch, top_k=1)[0]["probability"]
     embedded = scorer.model.predict_window(window.frame(), context=dict(window.context))
     if not (math.isfinite(served) and 0.0 <= served <= 1.0):
         raise ModelLoadError(f"it scores the known window {served!r}, not a probability in [0, 1]")

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from collapse_guard.features.context import context_vector
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
 from collapse_guard.service.wire import Run
 from collapse_guard.signals import SIGNAL_NAMES
 
-__all__ = ["RunWindow", "check_batch_size", "check_window", "from_json_run"]
+__all__ = ["RunWindow", "WindowBatch", "check_batch_size", "check_window", "from_json_run"]
 
 _KNOWN = frozenset(SIGNAL_NAMES)
 
@@ -41,6 +42,50 @@ class RunWindow:
     def frame(self) -> pd.DataFrame:
         """``step`` plus the signal columns, as ``RiskModel`` reads a run."""
         return pd.DataFrame({"step": self.steps, **self.columns}, copy=False)
+
+
+@dataclass(frozen=True)
+class WindowBatch:
+    """A request's checked runs end to end: one array per signal over every run's rows.
+
+    This is how an Arrow stream arrives (decoded without a copy per run), and what the
+    scoring code reads: a batch becomes its feature grid in one gather per signal rather
+    than one write per (run, signal) (64 runs: ~1,500 numpy calls, ~2.5 ms here).
+    """
+
+    run_ids: list[str]
+    steps: np.ndarray  # int64, every run's rows, run after run; strictly increasing in a run
+    bounds: np.ndarray  # int64 (len(run_ids) + 1,): run i is rows bounds[i]:bounds[i + 1]
+    columns: dict[str, np.ndarray]  # model signal -> float64 over every row (absent: NaN)
+    contexts: np.ndarray  # float64 (len(run_ids), n_context_fields); NaN = not given
+
+    def __len__(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def last_steps(self) -> np.ndarray:
+        """Each run's last step: the step its answer refers to."""
+        return self.steps[self.bounds[1:] - 1]
+
+    @classmethod
+    def of(cls, windows: Sequence[RunWindow], context_fields: Sequence[str]) -> WindowBatch:
+        """The windows laid end to end (a signal a window lacks is NaN on its rows)."""
+        lengths = [len(w.steps) for w in windows]
+        names = dict.fromkeys(n for w in windows for n in w.columns)  # first-seen order
+        columns = {
+            name: np.concatenate(
+                [w.columns.get(name, np.full(len(w.steps), np.nan)) for w in windows]
+            )
+            for name in names
+        }
+        contexts = [context_vector(w.context, context_fields) for w in windows]
+        return cls(
+            run_ids=[w.run_id for w in windows],
+            steps=np.concatenate([w.steps for w in windows]).astype(np.int64, copy=False),
+            bounds=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            columns=columns,
+            contexts=np.array(contexts, dtype=np.float64).reshape(len(windows), -1),
+        )
 
 
 def check_batch_size(n_runs: int, limits: Limits, where: str = "runs") -> None:

@@ -13,26 +13,24 @@ code computed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
-from collapse_guard.features.context import context_vector
 from collapse_guard.features.stats import grid_features
-from collapse_guard.service.runs import RunWindow
+from collapse_guard.service.runs import WindowBatch
 from collapse_guard.service.treeshap import LeafTables
 from collapse_guard.service.treeshap import build as build_tables
 from collapse_guard.service.wire import (
     ExplainResponse,
-    Factor,
     FeatureContribution,
-    RiskResult,
     SignalContribution,
 )
 
-__all__ = ["Scorer", "signal_of"]
+__all__ = ["Scorer", "answers_json", "signal_of"]
 
 
 def signal_of(feature: str) -> str:
@@ -40,6 +38,12 @@ def signal_of(feature: str) -> str:
     (the three DSI signals together), ``ctx__lr_over_peak`` -> ``context`` (the run's)."""
     prefix = feature.split("__", 1)[0]
     return "context" if prefix == "ctx" else prefix
+
+
+def answers_json(answers: list[dict[str, Any]]) -> bytes:
+    """The ``RiskResponse`` body of :meth:`Scorer.answers`."""
+    # allow_nan=False: a non-finite number here is a bug to fail on, not JSON to send
+    return json.dumps({"results": answers}, allow_nan=False, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -63,83 +67,97 @@ class Scorer:
         # the signal of each feature column, for the answers' top factors
         return tuple(signal_of(name) for name in self.model.schema.names)
 
-    def features(self, windows: Sequence[RunWindow]) -> np.ndarray:
-        """``(len(windows), n_features)``, as ``FeatureExtractor.transform_windows`` lays
-        them out: every window's dense grid side by side, one kernel call for the batch
-        (bit-equal to ``transform_window`` per run: tests/features, and ``_check`` at load).
+    def features(self, batch: WindowBatch) -> np.ndarray:
+        """``(len(batch), n_features)``, as ``FeatureExtractor.transform_windows`` lays
+        them out: every run's window side by side on one grid, one kernel call for the
+        batch (bit-equal to ``transform_window`` per run: tests/features, and ``_check``
+        at load).
 
-        A window's context is used as given; a request without one gives ``{}``, so its
-        context features are NaN (never computed from a window that is not the whole run).
-        No pandas frame per run (~1 ms each here) and no kernel call per run (64 windows:
-        ~3 ms instead of ~8 ms of per-call overhead).
+        A run's context is used as given; a request without one gives NaN context
+        features (never computed from a window that is not the whole run). No pandas
+        frame per run (~1 ms each here) and no kernel call per run.
         """
-        schema, width = self.model.schema, self.model.schema.window
-        # the windows side by side on one step grid, written in place: window i ends at
-        # column (i + 1) * width - 1 (window_features' layout, without its stack and
-        # transposed copy, nor a grid per window: ~4.6 -> ~1.5 ms for 64 windows here)
-        grid = np.full((len(self.signals), len(windows) * width), np.nan)
-        for i, window in enumerate(windows):
-            self._place(window, grid[:, i * width : (i + 1) * width])
-        ends = np.arange(1, len(windows) + 1) * width - 1
-        values = grid_features(grid, ends, self.signals, width)
-        contexts = [context_vector(w.context, schema.context) for w in windows]
-        return np.concatenate([values, np.stack(contexts).reshape(len(windows), -1)], axis=1)
+        width = self.model.schema.window
+        values = grid_features(
+            self._grid(batch), np.arange(1, len(batch) + 1) * width - 1, self.signals, width
+        )
+        return np.concatenate([values, batch.contexts], axis=1)
 
-    def _place(self, window: RunWindow, out: np.ndarray) -> None:
-        """Write the window ending at its last step into ``out`` ``(n_signals, width)``,
-        NaN-filled: the column of step s is ``s - (now - width + 1)`` (dense_grid's)."""
-        width = out.shape[1]
-        # only the last `width` rows can fall in the window (steps strictly increase)
-        start = max(len(window.steps) - width, 0)
-        steps = window.steps[start:]
-        first = int(steps[-1]) - width + 1
-        if steps[-1] - steps[0] == len(steps) - 1:  # one row per step (the usual log)
-            at: slice | np.ndarray = slice(int(steps[0]) - first, width)
-        else:  # gaps: rows before the window's first step fall out
-            inside = int(np.searchsorted(steps, first))
-            start, at = start + inside, steps[inside:] - first
+    def _grid(self, batch: WindowBatch) -> np.ndarray:
+        """``(n_signals, len(batch) * width)``: run i's window in columns ``i * width ..
+        (i + 1) * width - 1``, the column of step s being ``s - (last step - width + 1)``
+        (dense_grid's), NaN where a step or signal is missing."""
+        width = self.model.schema.window
+        run = np.repeat(np.arange(len(batch)), np.diff(batch.bounds))
+        column = batch.steps - (batch.last_steps - width + 1)[run]  # < 0: before the window
+        inside = column >= 0
+        grid = np.empty((len(self.signals), len(batch) * width))
+        # every run exactly its window's steps (the usual request): each column is the
+        # grid's row as it is (a run has at most `width` steps inside, all distinct)
+        whole = len(column) == grid.shape[1] and bool(inside.all())
+        if not whole:
+            grid.fill(np.nan)
+            source = np.flatnonzero(inside)
+            target = run[source] * width + column[source]
         for j, name in enumerate(self.signals):
-            column = window.columns.get(name)
-            if column is not None:
-                out[j, at] = column[start:]
+            values = batch.columns.get(name)
+            if values is None:
+                grid[j] = np.nan
+            elif whole:
+                grid[j] = values
+            else:
+                grid[j, target] = values[source]
+        return grid
 
-    def score(self, windows: Sequence[RunWindow], top_k: int = 5) -> list[RiskResult]:
-        """One answer per window, in order."""
-        X = self.features(windows)
+    def answers(self, batch: WindowBatch, top_k: int = 5) -> list[dict[str, Any]]:
+        """One answer per run, in order, as ``RiskResult``'s fields in plain values.
+
+        Plain values rather than pydantic objects (``model_construct`` was ~10 us an
+        object: 2.5-4 ms of a 64-run answer here); :func:`answers_json` writes them and a
+        test holds the result to the ``RiskResponse`` schema.
+        """
+        X = self.features(batch)
         probabilities = self.model.predict_features(X).tolist()
-        factors = self._top_factors(X, top_k) if top_k > 0 else [[] for _ in windows]
-        # model_construct: every field is a number or name computed here (no validation)
+        factors = self._top_factors(X, top_k) if top_k > 0 else [[] for _ in probabilities]
+        common = {
+            "horizon": self.model.horizon,
+            "model_name": self.name,
+            "model_version": self.version,
+        }
         return [
-            RiskResult.model_construct(
-                run_id=window.run_id,
-                step=window.step,
-                probability=p,
-                level=self.model.level(p),
-                horizon=self.model.horizon,
-                model_name=self.name,
-                model_version=self.version,
-                top_factors=top,
+            {
+                "run_id": run_id,
+                "step": step,
+                "probability": p,
+                "level": self.model.level(p),
+                **common,
+                "top_factors": top,
+            }
+            for run_id, step, p, top in zip(
+                batch.run_ids, batch.last_steps.tolist(), probabilities, factors, strict=True
             )
-            for window, p, top in zip(windows, probabilities, factors, strict=True)
         ]
 
-    def _top_factors(self, X: np.ndarray, top_k: int) -> list[list[Factor]]:
-        """The ``top_k`` largest |contribution| features of each row (ties: column order)."""
+    def _top_factors(self, X: np.ndarray, top_k: int) -> list[list[dict[str, Any]]]:
+        """The ``top_k`` largest |contribution| features of each row (ties: column order),
+        as ``Factor`` fields."""
         contrib = self._contributions(X)
         order = np.argsort(-np.abs(contrib), axis=1, kind="stable")[:, :top_k]
         values = np.take_along_axis(contrib, order, axis=1).tolist()
         names, signals = self.model.schema.names, self._feature_signals
         return [
             [
-                Factor.model_construct(feature=names[j], signal=signals[j], contribution=c)
+                {"feature": names[j], "signal": signals[j], "contribution": c}
                 for j, c in zip(columns, row, strict=True)
             ]
             for columns, row in zip(order.tolist(), values, strict=True)
         ]
 
-    def explain(self, window: RunWindow) -> ExplainResponse:
-        """Every feature's contribution for one window, grouped by signal."""
-        X = self.features([window])
+    def explain(self, batch: WindowBatch) -> ExplainResponse:
+        """Every feature's contribution for the window of a batch's one run, by signal."""
+        if len(batch) != 1:
+            raise ValueError(f"explain reads one run; got {len(batch)}")
+        X = self.features(batch)
         p = float(self.model.predict_features(X)[0])
         full = self.model.booster.predict(X, pred_contrib=True, num_threads=1)[0]
         contrib, base = full[:-1], float(full[-1])
@@ -155,8 +173,8 @@ class Scorer:
         ]
         signals.sort(key=lambda g: -abs(g.contribution))
         return ExplainResponse(
-            run_id=window.run_id,
-            step=window.step,
+            run_id=batch.run_ids[0],
+            step=int(batch.last_steps[0]),
             probability=p,
             level=self.model.level(p),
             model_name=self.name,

@@ -55,7 +55,8 @@ from collapse_guard.service.model_state import (
 )
 from collapse_guard.service.openapi import ERROR_RESPONSES, body_of
 from collapse_guard.service.reload_channel import Follower, ReloadChannel
-from collapse_guard.service.runs import RunWindow, check_batch_size, from_json_run
+from collapse_guard.service.runs import WindowBatch, check_batch_size, from_json_run
+from collapse_guard.service.scoring import answers_json
 from collapse_guard.service.wire import (
     ExplainResponse,
     ModelInfo,
@@ -102,10 +103,10 @@ def _parse_json(body: bytes, model: type[BaseModel]) -> BaseModel:
         raise from_validation(error) from None
 
 
-def _json_windows(
+def _json_batch(
     body: bytes, limits: Limits, shape: dict[str, tuple[str, ...]]
-) -> tuple[list[RunWindow], int]:
-    """Checked windows and top_k of a JSON body; the parsed lists die on return."""
+) -> tuple[WindowBatch, int]:
+    """Checked runs and top_k of a JSON body; the parsed lists die on return."""
     parsed = _parse_json(body, RiskRequest)
     check_batch_size(len(parsed.runs), limits)  # type: ignore[attr-defined]
     top_k = _top_k(str(parsed.top_k), limits, "top_k")  # type: ignore[attr-defined]
@@ -113,7 +114,7 @@ def _json_windows(
         from_json_run(f"runs[{i}]", run, limits=limits, **shape)
         for i, run in enumerate(parsed.runs)  # type: ignore[attr-defined]
     ]
-    return windows, top_k
+    return WindowBatch.of(windows, shape["context_fields"]), top_k
 
 
 def _freeze_long_lived() -> None:
@@ -183,24 +184,24 @@ class RiskService:
 
     # ------------------------------------------------- what the routes call
     async def risk(self, request: Request) -> Response:
-        async def work() -> RiskResponse:
+        async def work() -> bytes:
             serving = self.holder.current  # one model for the whole answer
-            windows, top_k = await self._windows(request, serving)
-            results = serving.scorer.score(windows, top_k)
-            self.metrics.scored(serving.version, [r.level for r in results])
-            return RiskResponse(results=results)
+            batch, top_k = await self._batch(request, serving)
+            answers = serving.scorer.answers(batch, top_k)
+            self.metrics.scored(serving.version, [a["level"] for a in answers])
+            return answers_json(answers)
 
         return await self._answer("/risk", work)
 
     async def explain(self, request: Request) -> Response:
         async def work() -> ExplainResponse:
             serving = self.holder.current
-            windows, _ = await self._windows(request, serving)
-            if len(windows) != 1:
+            batch, _ = await self._batch(request, serving)
+            if len(batch) != 1:
                 raise BadRequest(
-                    "runs", f"{len(windows)} runs", "exactly one run", "explain one run a time"
+                    "runs", f"{len(batch)} runs", "exactly one run", "explain one run a time"
                 )
-            return serving.scorer.explain(windows[0])
+            return serving.scorer.explain(batch)
 
         return await self._answer("/explain", work)
 
@@ -241,14 +242,14 @@ class RiskService:
         return await self._answer("/reload", work)
 
     # ---------------------------------------------------------------- helpers
-    async def _windows(self, request: Request, serving: Serving) -> tuple[list[RunWindow], int]:
+    async def _batch(self, request: Request, serving: Serving) -> tuple[WindowBatch, int]:
         media_type = _media_type(request)
         scorer = serving.scorer
         shape = {"signals": scorer.signals, "context_fields": scorer.context_fields}
         if media_type == "application/json":
             body = await request.body()
             with _gc_paused():
-                return _json_windows(body, self.limits, shape)
+                return _json_batch(body, self.limits, shape)
         if media_type == ARROW_TYPE:
             top_k = _top_k(request.query_params.get("top_k"), self.limits, "query top_k")
             return decode_runs(await request.body(), limits=self.limits, **shape), top_k
@@ -260,9 +261,13 @@ class RiskService:
             status=415,
         )
 
-    async def _answer(self, route: str, work: Callable[[], Awaitable[BaseModel]]) -> Response:
+    async def _answer(
+        self, route: str, work: Callable[[], Awaitable[BaseModel | bytes]]
+    ) -> Response:
         try:
-            status, content = 200, (await work()).model_dump_json()
+            answer = await work()
+            status = 200
+            content = answer if isinstance(answer, bytes) else answer.model_dump_json()
         except BadRequest as error:
             status, content = error.status, json.dumps(error.body())
         self.metrics.requests.labels(route=route, status=str(status)).inc()

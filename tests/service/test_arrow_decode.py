@@ -1,50 +1,94 @@
-"""An Arrow stream whose runs all pass is checked once for the whole stream: the windows
-are exactly those of the run-by-run checks (which still give every error message)."""
+"""A request's runs as one batch: the Arrow stream decoded whole gives the batch of the
+run-by-run checks, and a batch scores each run as the model scores it alone, whatever
+the runs' lengths, gaps and missing signals."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
-import collapse_guard.service.arrow_codec as arrow_codec
 from collapse_guard.service.arrow_codec import RawRun, decode_runs, encode_runs
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
+from collapse_guard.service.runs import WindowBatch, check_window
+from collapse_guard.service.scoring import Scorer, answers_json
+from collapse_guard.service.wire import RiskResponse
 
 
 def _runs(signals, context_fields) -> list[RawRun]:
+    """Short, whole (exactly one window), long and gapped runs; signals missing in some."""
     rng = np.random.default_rng(7)
     runs = []
-    for i in range(6):
-        n = 5 + 40 * i
-        steps = np.cumsum(rng.integers(1, 3, n)) + 100 * i  # gaps in some runs
-        columns = {s: rng.normal(size=n) for s in signals[: 3 + i]}
+    for i, n in enumerate((5, 200, 200, 260, 85, 230)):
+        step = 1 if i in (1, 2) else rng.integers(1, 3, n)  # gaps in all but the whole ones
+        steps = np.cumsum(np.broadcast_to(step, n)) + 100 * i
+        kept = signals if i in (1, 2) else signals[: 3 + 4 * i]
+        columns = {s: rng.normal(size=n) for s in kept}
         columns[signals[0]][::7] = np.nan
+        columns[signals[0]][3] = np.inf  # a measured non-finite value is data
         context = {context_fields[0]: None if i % 2 else 0.5 * i} if context_fields else None
         runs.append(RawRun(f"run-{i}", steps, columns, context))
     return runs
 
 
-def test_whole_stream_check_gives_the_run_by_run_windows(default_model, monkeypatch):
-    signals, fields = tuple(default_model.schema.signals), tuple(default_model.schema.context)
-    body = encode_runs(_runs(signals, fields))
-    shape = {"signals": signals, "context_fields": fields, "limits": Limits()}
-    fast = decode_runs(body, **shape)
-    monkeypatch.setattr(arrow_codec, "_plain", lambda *args: False)
-    checked = decode_runs(body, **shape)
-    assert [w.run_id for w in fast] == [w.run_id for w in checked]
-    for a, b in zip(fast, checked, strict=True):
-        assert a.steps.dtype == b.steps.dtype and np.array_equal(a.steps, b.steps)
-        assert list(a.columns) == list(b.columns)
-        for name in a.columns:
-            assert np.array_equal(a.columns[name], b.columns[name], equal_nan=True)
-        assert a.context == b.context
+def _shape(model) -> dict:
+    signals, fields = tuple(model.schema.signals), tuple(model.schema.context)
+    return {"signals": signals, "context_fields": fields, "limits": Limits()}
+
+
+def _checked(run: RawRun, shape: dict):
+    return check_window(run.run_id, run.run_id, run.steps, run.columns, run.context, **shape)
+
+
+def test_arrow_stream_decodes_to_the_batch_of_the_run_by_run_checks(default_model):
+    shape = _shape(default_model)
+    runs = _runs(shape["signals"], shape["context_fields"])
+    got = decode_runs(encode_runs(runs), **shape)
+    want = WindowBatch.of([_checked(r, shape) for r in runs], shape["context_fields"])
+    assert got.run_ids == want.run_ids == [r.run_id for r in runs]
+    assert np.array_equal(got.steps, want.steps) and got.steps.dtype == np.int64
+    assert np.array_equal(got.bounds, want.bounds)
+    assert np.array_equal(got.contexts, want.contexts, equal_nan=True)
+    assert got.contexts.shape == (len(runs), len(shape["context_fields"]))
+    # a signal some runs lack is NaN on their rows in both
+    assert set(got.columns) == set(want.columns)
+    for name in got.columns:
+        assert np.array_equal(got.columns[name], want.columns[name], equal_nan=True)
+
+
+def test_a_batch_scores_each_run_as_the_model_alone(default_model):
+    shape = _shape(default_model)
+    runs = _runs(shape["signals"], shape["context_fields"])
+    scorer = Scorer(default_model, "m", "v")
+    answers = scorer.answers(decode_runs(encode_runs(runs), **shape), top_k=3)
+    results = RiskResponse.model_validate_json(answers_json(answers)).results
+    for run, result in zip(runs, results, strict=True):
+        frame = _checked(run, shape).frame()
+        context = {k: v for k, v in (run.context or {}).items() if v is not None}
+        assert result.probability == default_model.predict_window(frame, context=context)
+        assert result.step == int(run.steps[-1])
+        assert len(result.top_factors) == 3
+
+
+def test_answers_are_the_risk_response_schema(default_model):
+    shape = _shape(default_model)
+    runs = _runs(shape["signals"], shape["context_fields"])
+    scorer = Scorer(default_model, "name-x", "version-y")
+    answers = scorer.answers(decode_runs(encode_runs(runs), **shape), top_k=2)
+    body = answers_json(answers)
+    typed = RiskResponse.model_validate_json(body)
+    # every field the schema has, nothing else, numbers unchanged by the round trip
+    assert json.loads(typed.model_dump_json()) == json.loads(body)
+    assert [r.model_version for r in typed.results] == ["version-y"] * len(runs)
+    assert [r.probability for r in typed.results] == [a["probability"] for a in answers]
 
 
 def test_a_step_going_back_in_one_run_is_still_named(default_model):
-    signals, fields = tuple(default_model.schema.signals), tuple(default_model.schema.context)
-    runs = _runs(signals, fields)
+    shape = _shape(default_model)
+    runs = _runs(shape["signals"], shape["context_fields"])
     runs[3].steps[10] = runs[3].steps[9]
     with pytest.raises(BadRequest) as error:
-        decode_runs(encode_runs(runs), signals=signals, context_fields=fields, limits=Limits())
+        decode_runs(encode_runs(runs), **shape)
     assert error.value.body()["field"] == "arrow run 'run-3'.steps[10]"
