@@ -4,11 +4,14 @@
 >>> with RiskClient("http://127.0.0.1:3000", token=None, timeout=2.0) as client:
 ...     result = client.risk(frame, run_id="run-7")        # frame: step + signal columns
 ...     result.probability, result.level, result.model_version
-...     results = client.risk_many({"a": frame_a, "b": arrays_b}, arrow=True)
+...     results = client.risk_many({"a": frame_a, "b": arrays_b})
 
 A run is a pandas frame of its recent steps (a ``step`` column plus signal columns, as
 the probe's records or a run file give them; ``event`` is dropped) or a dict of arrays
 with the same keys. One ``httpx.Client`` is kept open, so calls reuse the connection.
+Runs travel as an Arrow IPC stream (exact float64, about half JSON's bytes, and far
+cheaper to write and read: one window's round trip 2-3 ms faster here); ``arrow=False``
+sends the JSON body instead, e.g. through a proxy that only passes JSON.
 Failures come as one small hierarchy (after httpx's own): :class:`ServiceUnavailable`
 (cannot connect, connection lost, 5xx), :class:`ServiceTimeout`, and
 :class:`RequestRejected` (a 4xx, with the server's message), all
@@ -80,11 +83,13 @@ def as_raw_run(run: Any, run_id: str, context: Mapping[str, float | None] | None
                 f"{list(run.columns)[:10]}; add the step counter (frame.reset_index())"
             )
         steps = run["step"].to_numpy()
-        columns = {
-            str(c): run[c].to_numpy(dtype=np.float64, na_value=np.nan)
-            for c in run.columns
-            if c not in _NOT_SIGNALS
-        }
+        names = [c for c in run.columns if c not in _NOT_SIGNALS]
+        # the whole frame in one conversion when it holds only numbers: pandas 3 takes
+        # ~25 us to hand out each column (0.6 ms a window here), the whole block 16 us
+        numeric = run if len(names) == len(run.columns) - 1 else run[names]
+        block = np.ascontiguousarray(numeric.to_numpy(dtype=np.float64, na_value=np.nan).T)
+        position = {c: i for i, c in enumerate(numeric.columns)}
+        columns = {str(c): block[position[c]] for c in names}
     elif isinstance(run, Mapping):
         key = "step" if "step" in run else "steps"
         if key not in run:
@@ -130,6 +135,7 @@ class RiskClient:
         token: the bearer token when the service has ``COLLAPSE_GUARD_TOKEN`` set.
         timeout: seconds (or an ``httpx.Timeout``) for connecting and for each answer.
         top_k: contributing features per answer (0: none, a little faster).
+        arrow: send runs as an Arrow IPC stream (default) rather than JSON.
     """
 
     def __init__(
@@ -139,10 +145,11 @@ class RiskClient:
         timeout: float | httpx.Timeout = 5.0,
         *,
         top_k: int = 5,
+        arrow: bool = True,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.top_k = top_k
+        self.top_k, self.arrow = top_k, arrow
         self._http = httpx.Client(
             base_url=url, headers=headers, timeout=timeout, transport=transport
         )
@@ -162,31 +169,21 @@ class RiskClient:
         runs: Mapping[str, Any],
         contexts: Mapping[str, Mapping[str, float | None]] | None = None,
         *,
-        arrow: bool = False,
+        arrow: bool | None = None,
     ) -> list[RiskResult]:
         """The risk of many runs (run id -> frame or dict of arrays), in order.
 
-        ``arrow=True`` sends an Arrow IPC stream: fewer bytes, far cheaper to parse.
+        ``arrow``: this call's wire format (default: the client's).
         """
         raw = [as_raw_run(run, rid, (contexts or {}).get(rid)) for rid, run in runs.items()]
-        if arrow:
-            response = self._send(
-                "POST",
-                "/risk",
-                content=encode_runs(raw),
-                headers={"Content-Type": ARROW_TYPE},
-                params={"top_k": self.top_k},
-            )
-        else:
-            response = self._send_json("/risk", encode_json(raw, self.top_k))
-        return _parse(response, RiskResponse).results
+        return _parse(self._post_runs("/risk", raw, arrow), RiskResponse).results
 
     def explain(
         self, run: Any, run_id: str = "run", context: Mapping[str, float | None] | None = None
     ) -> ExplainResponse:
         """Every feature's contribution for one run's window, grouped by signal."""
-        body = encode_json([as_raw_run(run, run_id, context)], 0)
-        return _parse(self._send_json("/explain", body), ExplainResponse)
+        response = self._post_runs("/explain", [as_raw_run(run, run_id, context)])
+        return _parse(response, ExplainResponse)
 
     # ------------------------------------------------------------------ admin
     def model_info(self) -> ModelInfo:
@@ -205,6 +202,19 @@ class RiskClient:
             return False
 
     # -------------------------------------------------------------- transport
+    def _post_runs(
+        self, path: str, raw: Sequence[RawRun], arrow: bool | None = None
+    ) -> httpx.Response:
+        if self.arrow if arrow is None else arrow:
+            return self._send(
+                "POST",
+                path,
+                content=encode_runs(raw),
+                headers={"Content-Type": ARROW_TYPE},
+                params={"top_k": self.top_k},
+            )
+        return self._send_json(path, encode_json(raw, self.top_k))
+
     def _send_json(self, path: str, body: bytes) -> httpx.Response:
         return self._send("POST", path, content=body, headers={"Content-Type": "application/json"})
 

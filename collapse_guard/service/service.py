@@ -45,6 +45,7 @@ from collapse_guard.service.auth import BearerAuth
 from collapse_guard.service.body_limit import BodyLimit
 from collapse_guard.service.errors import BadRequest, from_validation
 from collapse_guard.service.limits import Limits
+from collapse_guard.service.memory import keep_freed_memory
 from collapse_guard.service.metrics import metrics
 from collapse_guard.service.model_state import (
     ModelHolder,
@@ -171,6 +172,7 @@ class RiskService:
         poll = float(os.environ.get(POLL_ENV) or 0)
         self.follower = Follower(self.holder, self.channel, poll_seconds=poll)
         self.follower.start()
+        keep_freed_memory()
         _freeze_long_lived()
 
     def _swapped(self, new: Serving, previous: Serving) -> None:

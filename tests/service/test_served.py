@@ -47,8 +47,8 @@ def test_risk_equals_the_embedded_model_to_the_bit(client, frames, default_model
 
 
 def test_arrow_gives_the_same_answers_as_json(client, frames):
-    as_json = client.risk_many(frames)
-    as_arrow = client.risk_many(frames, arrow=True)
+    as_json = client.risk_many(frames, arrow=False)
+    as_arrow = client.risk_many(frames)
     assert [r.model_dump() for r in as_arrow] == [r.model_dump() for r in as_json]
 
 
@@ -133,11 +133,12 @@ def test_bodies_over_the_limit_get_413_with_or_without_content_length(served):
 
 def test_rejections_reach_the_client_with_the_servers_message(client):
     bad = {"step": [0, 1, 2], "los": [2.5, 2.4, 2.3]}
-    with pytest.raises(RequestRejected) as caught:
-        client.risk(bad, run_id="typo")
-    error = caught.value
-    assert error.status == 400 and error.field == "runs[0].signals.los"
-    assert "unknown signal" in error.message and "loss" in error.message
+    for arrow, field in ((False, "runs[0].signals.los"), (True, "arrow run 'typo'.signals.los")):
+        with pytest.raises(RequestRejected) as caught:
+            client.risk_many({"typo": bad}, arrow=arrow)
+        error = caught.value
+        assert error.status == 400 and error.field == field
+        assert "unknown signal" in error.message and "loss" in error.message
 
 
 def test_own_metrics_count_windows_by_level_and_version(client, served, frames, default_model):
