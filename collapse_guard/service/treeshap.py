@@ -185,22 +185,35 @@ def _batch(
     words, slot_feature, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, table, out
 ):
     """Leaf by leaf, every row in the inner loops (vectorised; the leaf's table lines stay
-    in cache for the batch, and the rows' look-ups are independent: the misses overlap)."""
-    where = np.empty(words.shape[1], dtype=np.int64)
+    in cache for the batch, and the rows' look-ups are independent: the misses overlap).
+    The next leaf's entries are prefetched while this leaf's are summed."""
+    where = np.empty((2, words.shape[1]), dtype=np.int64)  # this leaf's, the next one's
+    _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, 0, where[0])
     for leaf in range(len(leaf_starts) - 1):
-        first, end = leaf_starts[leaf], leaf_starts[leaf + 1]
-        word = words[slot_tree[first]]
-        where[:] = 0
-        for slot in range(first, end):
-            mask, want, bit = slot_mask[slot], slot_want[slot], slot - first
-            for r in range(len(where)):
-                where[r] |= np.int64((word[r] & mask) == want) << bit
-        for r in range(len(where)):
-            where[r] = leaf_base[leaf] + where[r] * (end - first)
-        for slot in range(first, end):
+        if leaf + 2 < len(leaf_starts):
+            ahead = where[(leaf + 1) % 2]
+            _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, leaf + 1, ahead)
+            for r in range(len(ahead)):
+                _prefetch(table, ahead[r] + leaf_starts[leaf + 1])
+        at = where[leaf % 2]
+        for slot in range(leaf_starts[leaf], leaf_starts[leaf + 1]):
             feature = out[slot_feature[slot]]
-            for r in range(len(where)):
-                feature[r] += table[where[r] + slot]
+            for r in range(len(at)):
+                feature[r] += table[at[r] + slot]
+
+
+@numba.njit(cache=True, inline="always")
+def _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, leaf, where):
+    """Where each row's entries of ``leaf`` start in ``table`` (less the first slot)."""
+    first, end = leaf_starts[leaf], leaf_starts[leaf + 1]
+    word = words[slot_tree[first]]
+    where[:] = 0
+    for slot in range(first, end):
+        mask, want, bit = slot_mask[slot], slot_want[slot], slot - first
+        for r in range(len(where)):
+            where[r] |= np.int64((word[r] & mask) == want) << bit
+    for r in range(len(where)):
+        where[r] = leaf_base[leaf] + where[r] * (end - first)
 
 
 @numba.njit(cache=True)
