@@ -98,14 +98,15 @@ def _grouped(batches: list[pa.RecordBatch]) -> tuple[pa.Table, list[tuple[str, i
             "every batch with the same columns",
             "give every batch the same columns (null where a run lacks a signal)",
         ) from None
-    if "step" not in table.column_names:
+    names = table.schema.names  # (Table.column_names takes ~35 us: 7x longer)
+    if "step" not in names:
         raise BadRequest(
             "arrow column 'step'",
-            f"columns {table.column_names}",
+            f"columns {names}",
             "a 'step' column plus one column per signal",
             "add the training step as an integer column 'step'",
         )
-    if "run_id" not in table.column_names:
+    if "run_id" not in names:
         starts = np.cumsum([0] + [b.num_rows for b in batches])
         return table, [(str(i), int(starts[i]), b.num_rows) for i, b in enumerate(batches)]
     ids = table.column("run_id")
@@ -116,16 +117,20 @@ def _grouped(batches: list[pa.RecordBatch]) -> tuple[pa.Table, list[tuple[str, i
             "a string run id on every row",
             "cast run_id to string and fill it on every row",
         )
-    encoded = pa.compute.dictionary_encode(ids).combine_chunks()  # codes by first appearance
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    uniques = encoded.dictionary.to_pylist()
-    if np.any(np.diff(codes) < 0):  # runs interleaved: bring each run's rows together
+    # each run's rows together (as encode_runs writes them): its stretches of equal ids
+    # are the runs, ~2x cheaper than grouping by a dictionary of the ids
+    stretches = pa.compute.run_end_encode(ids.combine_chunks())
+    uniques = stretches.values.to_pylist()
+    ends = stretches.run_ends.to_numpy().astype(np.int64)
+    if len(set(uniques)) != len(uniques):  # interleaved: bring each run's rows together
+        encoded = pa.compute.dictionary_encode(ids).combine_chunks()  # by first appearance
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
         table = table.take(pa.array(np.argsort(codes, kind="stable")))
-    counts = np.bincount(codes)
-    starts = np.cumsum(counts) - counts
+        uniques, ends = encoded.dictionary.to_pylist(), np.cumsum(np.bincount(codes))
+    counts = np.diff(ends, prepend=0)
     return table, [
-        (str(run_id), int(start), int(count))
-        for run_id, start, count in zip(uniques, starts, counts, strict=True)
+        (str(run_id), int(end - count), int(count))
+        for run_id, end, count in zip(uniques, ends, counts, strict=True)
     ]
 
 
@@ -142,7 +147,7 @@ def decode_runs(
         check_batch_size(0, limits, where="arrow stream")
     table, runs = _grouped(batches)
     check_batch_size(len(runs), limits, where="arrow stream")
-    names = [n for n in table.column_names if n not in ("step", "run_id")]
+    names = [n for n in table.schema.names if n not in ("step", "run_id")]
     steps = _steps(table.column("step"))
     columns = {n: _floats(n, table.column(n)) for n in names if not n.startswith(_CONTEXT)}
     contexts = {
