@@ -92,3 +92,23 @@ def test_a_step_going_back_in_one_run_is_still_named(default_model):
     with pytest.raises(BadRequest) as error:
         decode_runs(encode_runs(runs), **shape)
     assert error.value.body()["field"] == "arrow run 'run-3'.steps[10]"
+
+
+def test_interleaved_rows_are_grouped_by_run_in_order_of_first_appearance(default_model):
+    import pyarrow as pa
+
+    shape = _shape(default_model)
+    runs = _runs(shape["signals"], shape["context_fields"])[1:3]  # two whole runs
+    body = encode_runs(runs)
+    table = pa.ipc.open_stream(body).read_all()
+    # rows alternate between the runs; each run's rows keep their order
+    order = np.ravel(np.column_stack([np.arange(200), 200 + np.arange(200)]))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table.take(order))
+    got = decode_runs(sink.getvalue().to_pybytes(), **shape)
+    want = decode_runs(body, **shape)
+    assert got.run_ids == want.run_ids == ["run-1", "run-2"]
+    assert np.array_equal(got.steps, want.steps) and np.array_equal(got.bounds, want.bounds)
+    for name in want.columns:
+        assert np.array_equal(got.columns[name], want.columns[name], equal_nan=True)
