@@ -1,4 +1,4 @@
-"""LightGBM's TreeSHAP contributions from per-leaf tables: the same numbers, ~4x cheaper.
+"""LightGBM's TreeSHAP contributions from per-leaf tables: the same numbers, far cheaper.
 
 ``booster.predict(X, pred_contrib=True)`` walks every tree of every row with the
 path-dependent TreeSHAP recursion: ~0.45 ms a row for the bundled model (92 trees of 15
@@ -6,14 +6,32 @@ leaves), as much as the rest of scoring a window (loaded 2-core machine, 2026-11
 What a leaf adds to a feature's contribution depends on the row only through which of
 the leaf's path conditions the row satisfies, one bit per distinct feature on the path
 (Yang, "Fast TreeSHAP", 2021, v2). So each leaf's contributions are computed once, at
-load, for every pattern of those bits; scoring a row is then one comparison per split,
-one pattern per leaf and one table look-up per (leaf, feature), in one compiled loop
-that takes the batch leaf by leaf (a leaf's table stays in cache for every row). The
-bundled model's tables hold 1.7 million numbers (13 MB), built in ~0.6 s at load.
-Measured on 64 windows, loaded 2-core machine, CPU: ``pred_contrib`` 22-30 ms, the
-tables 6-8 ms; for one window 0.55-0.7 and 0.07-0.14 ms. Computing each leaf's share
-on the fly instead (no tables: the product of the k factors, each divided back out as
-LightGBM's ``UnwindPath`` does) took 14-17 ms and 0.23-0.29 ms.
+load, for every pattern of those bits: 1.7 million numbers (13 MB) for the bundled model,
+built in ~0.6 s. Scoring a row is then
+
+- one comparison per split, kept as one int64 word per tree and row (bit ``i``: the row
+  goes left at the tree's split ``i``; so at most 64 splits a tree);
+- per leaf, its pattern: for each of its ``k`` path features one AND and compare of that
+  word (``word & mask == want``: every condition on that feature met);
+- one look-up per (leaf, feature) in the leaf's table, its ``k`` entries side by side.
+
+The look-ups are cache misses (13 MB of tables), and what makes them cheap is overlapping
+them. Two compiled kernels, by batch size: a batch goes leaf by leaf, the rows in
+vectorised inner loops (the rows' look-ups are independent, and the next leaf's entries
+are prefetched while this leaf's are summed); up to 3 rows go row by row, in flat loops
+over every slot and leaf (a loop per leaf, of 1 to 14 slots, mispredicts its exit),
+each leaf's entries prefetched before any is summed. Both add every (row, feature)'s
+leaf shares in leaf order, as the kernel before them did (it tested each path condition
+on a (rows x splits) bool array, leaf by leaf): the same sums, bit for bit (one kernel
+against the other is tested; against the old one, checked when this one replaced it).
+
+Measured (bundled model, CPU, best of 7 rounds, 2-core machine at load average ~4,
+2026-11-30; rows of 64 benchmark windows, and normal rows): 64 rows, ``pred_contrib``
+22-29 ms, the kernel before 6.2-9.3 ms, these 0.53-1.07 ms; one row, 0.36-0.60, 0.08-0.10
+and 0.040-0.064 ms (the same row every call), or 0.13-0.20 ms before and 0.047-0.078 ms
+now when each call takes the next of 64 rows (other table lines than the last call's).
+Computing each leaf's share on the fly instead (no tables: the product of the k factors,
+each divided back out as LightGBM's ``UnwindPath`` does) took 14-17 ms and 0.23-0.29 ms.
 
 For a leaf of value ``v`` whose path holds ``k`` distinct features, with ``z_i`` the
 share of the training rows that follow the path at feature ``i`` (product of its cover
@@ -27,8 +45,8 @@ expected value), up to rounding: the summation order differs (tests pin the agre
 to 1e-9 relative). Split decisions follow LightGBM's ``NumericalDecision`` (NaN and zero
 as missing values, values within 1e-35 of zero read as zero).
 
-A model these tables cannot hold (categorical splits, or a leaf more than
-``MAX_PATH_FEATURES`` distinct features deep), or whose tables do not give
+A model these tables cannot hold (categorical splits, a tree of more than 64 splits, or
+a leaf more than ``MAX_PATH_FEATURES`` distinct features deep), or whose tables do not give
 ``pred_contrib``'s numbers on a seeded check batch (linear trees, say), gets None from
 :func:`build`: the caller uses ``pred_contrib`` instead.
 """
@@ -111,9 +129,10 @@ class LeafTables:
         return np.ascontiguousarray(out.T)
 
 
-# rows from which the batch kernel (leaf by leaf) beats the row kernel (row by row):
-# measured, 1 row 0.04 vs 0.12 ms, 2 rows 0.09 vs 0.10, 4 rows 0.17 vs 0.16, 8 0.47 vs 0.15
-_BATCH_ROWS = 2
+# rows from which the batch kernel (leaf by leaf) beats the row kernel (row by row), CPU
+# ms, loaded 2-core machine: 1 row 0.08-0.10 vs 0.04, 2 rows 0.11-0.12 vs 0.08-0.09,
+# 3 rows 0.13-0.14 vs 0.12, 4 rows 0.14-0.18 vs 0.17-0.23, 8 rows 0.18-0.22 vs 0.32-0.44
+_BATCH_ROWS = 4
 
 
 # compiled once and cached next to this file, as the feature kernel (features/stats.py)
