@@ -207,8 +207,9 @@ def _batch(
     in cache for the batch, and the rows' look-ups are independent: the misses overlap).
     The next leaf's entries are prefetched while this leaf's are summed."""
     where = np.empty((2, words.shape[1]), dtype=np.int64)  # this leaf's, the next one's
-    _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, 0, where[0])
     for leaf in range(len(leaf_starts) - 1):
+        if leaf == 0:
+            _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, 0, where[0])
         if leaf + 2 < len(leaf_starts):
             ahead = where[(leaf + 1) % 2]
             _where(words, slot_mask, slot_want, slot_tree, leaf_starts, leaf_base, leaf + 1, ahead)
@@ -295,12 +296,12 @@ def _agrees(tables: LeafTables, booster: Any, rows: int = 32) -> bool:
     beside and off the split thresholds, zeros and NaN included (seeded)."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(rows, tables.n_features))
-    picked = rng.integers(
-        0, len(tables.threshold), size=(rows, 4 * len(tables.threshold) // rows + 1)
-    )
-    for r, splits in enumerate(picked):
-        nudge = rng.choice([-1.0, 0.0, 1.0], size=len(splits))
-        X[r, tables.split_feature[splits]] = tables.threshold[splits] + nudge * 1e-9
+    n_splits = len(tables.threshold)
+    if n_splits:  # none in a booster of one-leaf trees
+        picked = rng.integers(0, n_splits, size=(rows, 4 * n_splits // rows + 1))
+        for r, splits in enumerate(picked):
+            nudge = rng.choice([-1.0, 0.0, 1.0], size=len(splits))
+            X[r, tables.split_feature[splits]] = tables.threshold[splits] + nudge * 1e-9
     X[rng.random(X.shape) < 0.1] = np.nan
     X[rng.random(X.shape) < 0.05] = 0.0
     expected = booster.predict(X, pred_contrib=True, num_threads=1)[:, :-1]

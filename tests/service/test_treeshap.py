@@ -188,6 +188,19 @@ def test_a_tree_of_64_splits_is_held_and_of_65_is_not():
     assert build(_noise_booster(66)) is None
 
 
+def test_a_booster_of_one_leaf_trees_contributes_nothing():
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(50, 3))
+    data = lgb.Dataset(X, rng.integers(0, 2, len(X)), params={"verbose": -1})
+    # fewer rows than a leaf needs: every tree is its root
+    booster = lgb.train({"objective": "binary", "min_data_in_leaf": 100, "verbose": -1}, data, 3)
+    tables = build(booster)
+    assert tables is not None
+    for rows in (X[:1], X):  # the row kernel and the batch kernel
+        assert np.array_equal(tables.contributions(rows), np.zeros(rows.shape))
+        assert np.array_equal(_pred_contrib(booster, rows), np.zeros(rows.shape))
+
+
 def test_a_categorical_split_falls_back_to_pred_contrib(default_model):
     rng = np.random.default_rng(3)
     X = np.column_stack([rng.integers(0, 5, 500), rng.normal(size=500)]).astype(float)
