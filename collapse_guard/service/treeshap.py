@@ -246,7 +246,8 @@ def _rows(
     split_feature, threshold, nan_left, zero_left, tree_starts = splits
     word = np.empty(len(tree_starts) - 1, dtype=np.int64)
     # running sum of the slots' pattern bits: a leaf's pattern is its rise over the leaf
-    met = np.zeros(len(slot_feature) + 1, dtype=np.int64)
+    met = np.empty(len(slot_feature) + 1, dtype=np.int64)
+    met[0] = 0  # the rest is written for every row
     where = np.empty(len(leaf_starts) - 1, dtype=np.int64)
     for r in range(XT.shape[1]):
         for tree in range(len(word)):
