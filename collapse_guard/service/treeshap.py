@@ -25,11 +25,11 @@ leaf shares in leaf order, as the kernel before them did (it tested each path co
 on a (rows x splits) bool array, leaf by leaf): the same sums, bit for bit (one kernel
 against the other is tested; against the old one, checked when this one replaced it).
 
-Measured (bundled model, CPU, best of 7 rounds, 2-core machine at load average ~4,
-2026-11-30; rows of 64 benchmark windows, and normal rows): 64 rows, ``pred_contrib``
-22-29 ms, the kernel before 6.2-9.3 ms, these 0.53-1.07 ms; one row, 0.36-0.60, 0.08-0.10
-and 0.040-0.064 ms (the same row every call), or 0.13-0.20 ms before and 0.047-0.078 ms
-now when each call takes the next of 64 rows (other table lines than the last call's).
+Measured (bundled model, CPU, best of 7 rounds, 6 runs, 2-core machine at load average
+4.0-4.3, 2026-11-30; rows of 64 benchmark windows, and normal rows): 64 rows,
+``pred_contrib`` 21-29 ms, the kernel before 6.2-9.3 ms, these 0.53-1.14 ms; one row,
+0.36-0.60, 0.06-0.10 and 0.038-0.064 ms (the same row every call), or 0.11-0.20 ms before
+and 0.042-0.078 ms now when each call takes the next of 64 rows (other table lines).
 Computing each leaf's share on the fly instead (no tables: the product of the k factors,
 each divided back out as LightGBM's ``UnwindPath`` does) took 14-17 ms and 0.23-0.29 ms.
 
@@ -242,7 +242,7 @@ def _rows(
     leaf_starts, leaf_base, table, out,
 ):  # fmt: skip
     """Row by row, each loop flat over every split, slot or leaf: a loop per leaf, of 1
-    to 14 slots, mispredicts its exit (the batch kernel on one row: ~1.5x the time)."""
+    to 14 slots, mispredicts its exit (the batch kernel on one row: ~2x the time)."""
     split_feature, threshold, nan_left, zero_left, tree_starts = splits
     word = np.empty(len(tree_starts) - 1, dtype=np.int64)
     # running sum of the slots' pattern bits: a leaf's pattern is its rise over the leaf
