@@ -20,7 +20,6 @@ JSON numbers take to parse (limits.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +27,7 @@ import pyarrow.compute  # makes pa.compute available
 
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
-from collapse_guard.service.runs import WindowBatch, check_batch_size, check_window
+from collapse_guard.service.runs import RawRun, WindowBatch, check_batch_size, check_window
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = ["ARROW_TYPE", "RawRun", "decode_runs", "encode_runs"]
@@ -37,16 +36,6 @@ ARROW_TYPE = "application/vnd.apache.arrow.stream"
 _CONTEXT = "context."
 _KNOWN = frozenset(SIGNAL_NAMES)
 _FIX = "write the stream with pyarrow.ipc.new_stream (or RiskClient(..., arrow=True))"
-
-
-@dataclass(frozen=True)
-class RawRun:
-    """One run as a caller holds it: steps, columns, optional context."""
-
-    run_id: str
-    steps: np.ndarray
-    columns: Mapping[str, np.ndarray]
-    context: Mapping[str, float | None] | None = None
 
 
 def _read(body: bytes) -> list[pa.RecordBatch]:

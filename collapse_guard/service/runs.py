@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,10 +19,28 @@ import pandas as pd
 from collapse_guard.features.context import context_vector
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
-from collapse_guard.service.wire import Run
 from collapse_guard.signals import SIGNAL_NAMES
 
-__all__ = ["RunWindow", "WindowBatch", "check_batch_size", "check_window", "from_json_run"]
+__all__ = [
+    "RawRun",
+    "RunWindow",
+    "WindowBatch",
+    "check_batch_size",
+    "check_window",
+    "from_json_run",
+]
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """One run as a caller holds it or a body carries it, before any check: steps,
+    columns, optional context (None: not known)."""
+
+    run_id: str
+    steps: Any
+    columns: Mapping[str, Any]
+    context: Mapping[str, float | None] | None = None
+
 
 _KNOWN = frozenset(SIGNAL_NAMES)
 
@@ -147,19 +166,24 @@ def check_window(
 
 
 def from_json_run(
-    where: str, run: Run, *, signals: Sequence[str], context_fields: Sequence[str], limits: Limits
+    where: str,
+    run: RawRun,
+    *,
+    signals: Sequence[str],
+    context_fields: Sequence[str],
+    limits: Limits,
 ) -> RunWindow:
-    """A checked window from a validated JSON run."""
+    """A checked window from a JSON run (lists, or arrays from json_reader)."""
     # lengths first: a column of the wrong length must not cost a conversion
     n = len(run.steps)
-    for name, values in run.signals.items():
+    for name, values in run.columns.items():
         if name in _KNOWN:
             _check_length(where, name, len(values), n)
     return check_window(
         where,
         run.run_id,
-        run.steps,  # type: ignore[arg-type]
-        run.signals,  # type: ignore[arg-type]
+        run.steps,
+        run.columns,
         run.context,
         signals=signals,
         context_fields=context_fields,

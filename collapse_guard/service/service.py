@@ -44,6 +44,7 @@ from collapse_guard.service.arrow_codec import ARROW_TYPE, decode_runs
 from collapse_guard.service.auth import BearerAuth
 from collapse_guard.service.body_limit import BodyLimit
 from collapse_guard.service.errors import BadRequest, from_validation
+from collapse_guard.service.json_reader import read_plain_json
 from collapse_guard.service.limits import Limits
 from collapse_guard.service.memory import keep_freed_memory
 from collapse_guard.service.metrics import metrics
@@ -56,7 +57,7 @@ from collapse_guard.service.model_state import (
 )
 from collapse_guard.service.openapi import ERROR_RESPONSES, body_of
 from collapse_guard.service.reload_channel import Follower, ReloadChannel
-from collapse_guard.service.runs import WindowBatch, check_batch_size, from_json_run
+from collapse_guard.service.runs import RawRun, WindowBatch, check_batch_size, from_json_run
 from collapse_guard.service.scoring import answers_json
 from collapse_guard.service.wire import (
     ExplainResponse,
@@ -108,12 +109,17 @@ def _json_batch(
     body: bytes, limits: Limits, shape: dict[str, tuple[str, ...]]
 ) -> tuple[WindowBatch, int]:
     """Checked runs and top_k of a JSON body; the parsed lists die on return."""
-    parsed = _parse_json(body, RiskRequest)
-    check_batch_size(len(parsed.runs), limits)  # type: ignore[attr-defined]
-    top_k = _top_k(str(parsed.top_k), limits, "top_k")  # type: ignore[attr-defined]
+    plain = read_plain_json(body)
+    if plain is not None:
+        runs, top_k = plain
+    else:  # any other spelling, or something wrong: pydantic reads it and says what
+        parsed = _parse_json(body, RiskRequest)
+        runs = [RawRun(r.run_id, r.steps, r.signals, r.context) for r in parsed.runs]  # type: ignore[attr-defined]
+        top_k = parsed.top_k  # type: ignore[attr-defined]
+    check_batch_size(len(runs), limits)
+    top_k = _top_k(str(top_k), limits, "top_k")
     windows = [
-        from_json_run(f"runs[{i}]", run, limits=limits, **shape)
-        for i, run in enumerate(parsed.runs)  # type: ignore[attr-defined]
+        from_json_run(f"runs[{i}]", run, limits=limits, **shape) for i, run in enumerate(runs)
     ]
     return WindowBatch.of(windows, shape["context_fields"]), top_k
 
