@@ -56,18 +56,24 @@ from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.service import RiskClient
 from collapse_guard.service.arrow_codec import ARROW_TYPE, encode_runs
 from collapse_guard.service.client import as_raw_run, encode_json
+from collapse_guard.signals import signal as signal_spec
 
 __all__ = ["frames_for"]
 
 
 def frames_for(model: RiskModel, n: int, steps: int = 200, seed: int = 0) -> list[pd.DataFrame]:
-    """``n`` windows of ``steps`` steps x every model signal (random walks, seeded)."""
+    """``n`` windows of ``steps`` steps x every model signal (random walks, seeded), NaN
+    where the probe's default periods measure nothing (attention every 10 steps,
+    curvature never), as a guarded loop sends them."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        cols = {"step": np.arange(1000, 1000 + steps)}
+        step = np.arange(1000, 1000 + steps)
+        cols = {"step": step}
         for name in model.schema.signals:
-            cols[name] = 1.0 + 0.05 * np.cumsum(rng.normal(size=steps))
+            walk = 1.0 + 0.05 * np.cumsum(rng.normal(size=steps))
+            period = signal_spec(name).period
+            cols[name] = np.where(step % period == 0, walk, np.nan) if period else np.nan + walk
         out.append(pd.DataFrame(cols))
     return out
 
