@@ -15,6 +15,7 @@ what is wrong. Both readers give the same runs for a plain body (tested, and fuz
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -26,6 +27,7 @@ from collapse_guard.service.runs import RawRun
 __all__ = ["read_plain_json"]
 
 _DEFAULT_TOP_K = 5  # RiskRequest's default
+_NUMBER_OR_NULL = frozenset({float, int, type(None)})  # bool is not int here: type() is exact
 
 
 _local = threading.local()
@@ -98,8 +100,11 @@ def _numbers(value: Any) -> np.ndarray:
     except TypeError:  # not all doubles: nulls, whole numbers, or something else
         pass
     items = value.as_list()
-    if not all(type(v) is float or type(v) is int or v is None for v in items):
+    kinds = set(map(type, items))  # in C: a generator over the items took 8x longer
+    if not kinds <= _NUMBER_OR_NULL:
         raise _NotPlain
+    if type(None) in kinds:  # numpy converts None on a slow path: 16 us for 200 values
+        items = [math.nan if v is None else v for v in items]
     try:
         return np.array(items, dtype=np.float64)
     except OverflowError:  # a whole number beyond float64: pydantic says so
@@ -110,6 +115,6 @@ def _context(context: Any) -> dict[str, float | None] | None:
     if context is None:
         return None
     items = _object(context).as_dict()
-    if not all(type(v) is float or type(v) is int or v is None for v in items.values()):
+    if not set(map(type, items.values())) <= _NUMBER_OR_NULL:
         raise _NotPlain
     return {k: None if v is None else float(v) for k, v in items.items()}
