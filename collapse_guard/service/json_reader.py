@@ -23,10 +23,11 @@ import numpy as np
 import simdjson
 
 from collapse_guard.service.runs import RawRun
+from collapse_guard.service.wire import RiskRequest
 
 __all__ = ["read_plain_json"]
 
-_DEFAULT_TOP_K = 5  # RiskRequest's default
+_DEFAULT_TOP_K = RiskRequest.model_fields["top_k"].default
 _NUMBER_OR_NULL = frozenset({float, int, type(None)})  # bool is not int here: type() is exact
 
 
@@ -61,7 +62,8 @@ def read_plain_json(body: bytes) -> tuple[list[RawRun], Any] | None:
         if type(top_k) is not int:
             return None
         return [_run(_object(runs[i])) for i in range(len(runs))], top_k
-    except _NotPlain:
+    # anything simdjson itself refuses on the way, too: the general reader says what
+    except (_NotPlain, ValueError, TypeError, KeyError, IndexError, RuntimeError):
         return None
 
 
