@@ -193,8 +193,9 @@ class Scorer:
 
     def _contributions(self, X: np.ndarray) -> np.ndarray:
         """LightGBM's TreeSHAP values on the raw log-odds scale (expected value left out):
-        from the leaf tables when the booster has them (treeshap.py: 0.1 ms a window
-        instead of 0.45), else from ``pred_contrib`` itself."""
+        from the leaf tables when the booster has them (treeshap.py: ~0.05 ms for one
+        window, ~1 ms for 64, against ``pred_contrib``'s 0.4 and 22-29), else from
+        ``pred_contrib`` itself."""
         tables = self._shap_tables
         if tables is not None:
             return tables.contributions(X)
