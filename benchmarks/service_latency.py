@@ -73,7 +73,9 @@ def frames_for(model: RiskModel, n: int, steps: int = 200, seed: int = 0) -> lis
         for name in model.schema.signals:
             walk = 1.0 + 0.05 * np.cumsum(rng.normal(size=steps))
             period = signal_spec(name).period
-            cols[name] = np.where(step % period == 0, walk, np.nan) if period else np.nan + walk
+            cols[name] = (
+                np.where(step % period == 0, walk, np.nan) if period else np.full_like(walk, np.nan)
+            )
         out.append(pd.DataFrame(cols))
     return out
 

@@ -36,7 +36,7 @@ __all__ = ["ARROW_TYPE", "RawRun", "decode_runs", "encode_runs"]
 ARROW_TYPE = "application/vnd.apache.arrow.stream"
 _CONTEXT = "context."
 _KNOWN = frozenset(SIGNAL_NAMES)
-_FIX = "write the stream with pyarrow.ipc.new_stream (or RiskClient(..., arrow=True))"
+_FIX = "write the stream with pyarrow.ipc.new_stream (or send runs with RiskClient)"
 
 
 def _read(body: bytes) -> list[pa.RecordBatch]:

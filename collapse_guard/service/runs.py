@@ -54,10 +54,6 @@ class RunWindow:
     columns: dict[str, np.ndarray]
     context: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def step(self) -> int:
-        return int(self.steps[-1])
-
     def frame(self) -> pd.DataFrame:
         """``step`` plus the signal columns, as ``RiskModel`` reads a run."""
         return pd.DataFrame({"step": self.steps, **self.columns}, copy=False)
