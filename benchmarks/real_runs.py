@@ -10,7 +10,8 @@ sudden ones (< 10 steps after their trigger); runs per minute recorded.
 Resumable like the command: rerun with the same ``--out`` to finish a sweep; figures
 about time count only the runs made by this call. ``--report-only`` makes nothing and
 reads the finished run files of ``--out`` (safe beside a sweep that is still writing
-there); its runs/min comes from the files' own times.
+there), of every sweep there (a focused top-up, ``--recipes``, included); its runs/min
+comes from the files' own times.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ def main() -> None:
     from collapse_guard.datasets.runfile import read_meta
 
     if args.report_only:
-        paths = sorted(args.out.glob(f"{run_id_for(args.seed, 0)[:-5]}*.parquet"))
+        paths = sorted(args.out.glob("real-s*.parquet"))
         metas = [read_meta(path) for path in paths]
         if not metas:
-            raise SystemExit(f"error: {args.out}: no finished run files of seed {args.seed}")
+            raise SystemExit(f"error: {args.out}: no finished real run files")
         _report_span(paths, metas, args.workers)
     else:
         steps = args.steps or RealRunConfig.steps

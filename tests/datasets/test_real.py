@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import Counter
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from collapse_guard.datasets.real import (
     FAULTS,
     PRECISIONS,
     RECIPES,
+    Focus,
     RealRunConfig,
     generate_real_runs,
     run_id_for,
@@ -110,6 +112,25 @@ def test_sampler_is_stable_per_index():
     assert sample_configs(10, seed=3)[7] == sample_config(3, 7)
     assert sample_configs(5, seed=3) != sample_configs(5, seed=4)
     assert sample_config(0, 1, steps=40).steps == 40
+
+
+def test_a_focused_sweep_draws_only_its_recipes_and_optimizers_in_their_shares():
+    focus = Focus(("constant_high", "slow_ramp"), ("lion", "sgd"))
+    configs = sample_configs(110, seed=1, focus=focus)
+    recipes = Counter(c.recipe for c in configs)
+    optimizers = Counter(c.optimizer for c in configs)
+    assert set(recipes) == {"constant_high", "slow_ramp"}
+    assert set(optimizers) == {"lion", "sgd"}
+    # shares among themselves (0.15 : 0.17, 0.30 : 0.25), stratified: +-1 run
+    assert abs(recipes["slow_ramp"] - 110 * 0.17 / 0.32) <= 1.5
+    assert abs(optimizers["lion"] - 110 * 0.30 / 0.55) <= 1.5
+    assert {c.family for c in configs} == {"gpt", "rope_swiglu", "mha"}
+    assert {c.data for c in configs} == {"bytes", "language"}
+    # its own ids: it can top up the folder of the full sweep without a clash
+    assert run_id_for(1, 7, focus) == "real-s1-constant_high+slow_ramp.lion+sgd-00007"
+    assert run_id_for(1, 7, Focus(optimizers=("sgd",))) == "real-s1-all.sgd-00007"
+    assert run_id_for(1, 7, Focus()) == run_id_for(1, 7) == "real-s1-00007"
+    assert sample_configs(5, seed=1, focus=Focus()) == sample_configs(5, seed=1)
 
 
 # --------------------------------------------------------------------------- faults
@@ -314,6 +335,20 @@ def test_data_real_refuses_bad_counts_with_exit_code_2(tmp_path, args, names):
     result = CliRunner().invoke(app, ["real", *args, "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert f"Invalid value for {names}" in result.output
+    assert not list(tmp_path.iterdir())  # nothing was started
+
+
+def test_data_real_names_an_unknown_recipe_and_the_known_ones_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from collapse_guard.datasets.cli import app
+
+    args = ["real", "--n", "2", "--recipes", "slow_ramp,fast_ramp", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown recipes fast_ramp; expected")
+    assert "constant_high" in lines[0]
     assert not list(tmp_path.iterdir())  # nothing was started
 
 

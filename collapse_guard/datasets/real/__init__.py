@@ -16,7 +16,7 @@ from collapse_guard.datasets.real.config import (
     RealRunConfig,
 )
 from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
-from collapse_guard.datasets.real.sampler import RECIPES, sample_config, sample_configs
+from collapse_guard.datasets.real.sampler import RECIPES, Focus, sample_config, sample_configs
 
 __all__ = [
     "DATA_KINDS",
@@ -25,6 +25,7 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "RECIPES",
+    "Focus",
     "RealRunConfig",
     "generate_real_runs",
     "run_id_for",

@@ -29,15 +29,33 @@ def real_command(
     steps: Annotated[
         int, typer.Option("--steps", min=1, help="Optimizer steps per run.")
     ] = RealRunConfig.steps,
+    recipes: Annotated[
+        str,
+        typer.Option(
+            "--recipes", help="Only these recipes, comma-separated (e.g. slow_ramp,constant_high)."
+        ),
+    ] = "",
+    optimizers: Annotated[
+        str, typer.Option("--optimizers", help="Only these optimizers, comma-separated.")
+    ] = "",
 ) -> None:
     """Train N small transformers (3 families, 3 optimizers, 2 kinds of data) with sampled
     recipes, knobs and faults; write labelled run files to OUT.
 
-    Resumable: run files already in OUT are kept, unfinished ones are redone.
+    Resumable: run files already in OUT are kept, unfinished ones are redone. A sweep
+    narrowed by --recipes / --optimizers has run ids of its own, so it can top up a
+    folder that holds the full sweep.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before anything imports torch
     from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
+    from collapse_guard.datasets.real.sampler import Focus
     from collapse_guard.datasets.runfile import read_meta
+
+    try:
+        focus = Focus(_names(recipes), _names(optimizers))
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -48,9 +66,11 @@ def real_command(
             err=True,
         )
         raise typer.Exit(2) from None
-    existing = sum((out / f"{run_id_for(seed, i)}.parquet").exists() for i in range(n))
+    existing = sum((out / f"{run_id_for(seed, i, focus)}.parquet").exists() for i in range(n))
     began = time.perf_counter()
-    paths = generate_real_runs(n, out, workers=workers, seed=seed, scheduler=scheduler, steps=steps)
+    paths = generate_real_runs(
+        n, out, workers=workers, seed=seed, scheduler=scheduler, steps=steps, focus=focus
+    )
     minutes = (time.perf_counter() - began) / 60
     metas = [read_meta(path) for path in paths]
     collapsed = [m for m in metas if m.onset_step is not None]
@@ -64,3 +84,7 @@ def real_command(
         + ", ".join(f"{cause} {count}" for cause, count in causes.most_common())
         + f"); made {made} in {minutes:.1f} min{rate}, {existing} already there"
     )
+
+
+def _names(option: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in option.split(",") if name.strip())

@@ -23,14 +23,16 @@ from pathlib import Path
 from collapse_guard.datasets.parallel import run_progress, spawn_pool
 from collapse_guard.datasets.real.config import RealRunConfig
 from collapse_guard.datasets.real.runner import RunResult
-from collapse_guard.datasets.real.sampler import sample_configs
+from collapse_guard.datasets.real.sampler import Focus, sample_configs
 
 __all__ = ["generate_real_runs", "run_id_for", "run_task"]
 
 
-def run_id_for(seed: int, index: int) -> str:
-    """Stable id of run ``index`` of the sweep drawn with ``seed`` (also its file name)."""
-    return f"real-s{seed}-{index:05d}"
+def run_id_for(seed: int, index: int, focus: Focus | None = None) -> str:
+    """Stable id of run ``index`` of the sweep drawn with ``seed`` (also its file name);
+    a focused sweep's ids carry its tag: ``real-s1-slow_ramp.lion-00003``."""
+    tag = f"{focus.tag}-" if focus and focus != Focus() else ""
+    return f"real-s{seed}-{tag}{index:05d}"
 
 
 def _single_threaded_env() -> None:
@@ -84,6 +86,7 @@ def generate_real_runs(
     seed: int = 0,
     scheduler: str | None = None,
     steps: int = RealRunConfig.steps,
+    focus: Focus | None = None,
     progress: bool = True,
 ) -> list[Path]:
     """Make (or finish making) ``n`` labelled real runs in ``out``; return their paths.
@@ -91,6 +94,7 @@ def generate_real_runs(
     ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); without it the
     runs go to a local spawn pool of ``workers`` processes. One worker (or one run
     left to do) runs in this process, with its torch thread settings: no start-up cost.
+    ``focus`` narrows the sweep to some recipes and optimizers (``sampler.Focus``).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}; pass the number of runs to make")
@@ -98,11 +102,12 @@ def generate_real_runs(
         raise ValueError(f"workers must be >= 1, got {workers}; use 1 for a single process")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{run_id_for(seed, i)}.parquet" for i in range(n)]
-    configs = sample_configs(n, seed=seed, steps=steps)
+    ids = [run_id_for(seed, i, focus) for i in range(n)]
+    paths = [out / f"{run_id}.parquet" for run_id in ids]
+    configs = sample_configs(n, seed=seed, steps=steps, focus=focus)
     tasks = [
-        (config.to_dict(), str(path), run_id_for(seed, i))
-        for i, (config, path) in enumerate(zip(configs, paths, strict=True))
+        (config.to_dict(), str(path), run_id)
+        for config, path, run_id in zip(configs, paths, ids, strict=True)
         if not path.exists()
     ]
     if scheduler is not None:

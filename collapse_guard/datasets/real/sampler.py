@@ -78,6 +78,7 @@ pins a draw, so that a change that would reshuffle sweeps on disk fails loudly.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -89,6 +90,7 @@ __all__ = [
     "OPTIMIZER_SHARES",
     "RECIPES",
     "STABLE_EDGE",
+    "Focus",
     "sample_config",
     "sample_configs",
 ]
@@ -387,13 +389,59 @@ _RECIPE_KNOBS = {
 }
 
 
-def sample_config(seed: int, index: int, steps: int = RealRunConfig.steps) -> RealRunConfig:
-    """Config of run ``index`` of the sweep drawn with ``seed`` (a function of both only)."""
+@dataclass(frozen=True)
+class Focus:
+    """A sweep narrowed to some recipes and optimizers, in their shares among themselves.
+
+    For topping up one kind of run: measured on 388 runs of the seed-0 sweep,
+    ``constant_high`` and ``slow_ramp`` with Lion or SGD developed a collapse 50+ steps
+    after its trigger in 54 of 74 runs, against 102 of 388 for the whole mix. Families
+    and data keep their shares. A focused sweep has its own run ids (:attr:`tag`), so it
+    can share a folder with the full one.
+    """
+
+    recipes: tuple[str, ...] = ()  # empty: every recipe
+    optimizers: tuple[str, ...] = ()  # empty: every optimizer
+
+    def __post_init__(self) -> None:
+        for field, chosen, known in (
+            ("recipes", self.recipes, RECIPES),
+            ("optimizers", self.optimizers, OPTIMIZER_SHARES),
+        ):
+            unknown = sorted(set(chosen) - set(known))
+            if unknown:
+                raise ValueError(
+                    f"unknown {field} {', '.join(unknown)}; expected some of "
+                    f"{', '.join(known)} (comma-separated)"
+                )
+
+    @property
+    def tag(self) -> str:
+        """``constant_high+slow_ramp.lion+sgd``: part of the focused sweep's run ids."""
+        return ".".join("+".join(names) or "all" for names in (self.recipes, self.optimizers))
+
+    def shares(self, stream: str, shares: dict[str, float]) -> dict[str, float]:
+        """``shares`` of a stream, narrowed to the chosen names and summing to 1 again."""
+        chosen = {"recipe": self.recipes, "optimizer": self.optimizers}[stream]
+        if not chosen:
+            return shares  # as is: an unfocused sweep draws exactly what it always did
+        total = sum(shares[k] for k in chosen)
+        return {k: v / total for k, v in shares.items() if k in chosen}
+
+
+def sample_config(
+    seed: int, index: int, steps: int = RealRunConfig.steps, focus: Focus | None = None
+) -> RealRunConfig:
+    """Config of run ``index`` of the sweep drawn with ``seed`` (a function of both only,
+    and of ``focus`` when the sweep is narrowed to some recipes and optimizers)."""
+    focus = focus or Focus()
     rng = np.random.default_rng([seed, index])
-    recipe = _stratified(seed, index, "recipe", RECIPES)
+    recipe = _stratified(seed, index, "recipe", focus.shares("recipe", RECIPES))
     ctx = {
         "family": _stratified(seed, index, "family", FAMILY_SHARES),
-        "optimizer": _stratified(seed, index, "optimizer", OPTIMIZER_SHARES),
+        "optimizer": _stratified(
+            seed, index, "optimizer", focus.shares("optimizer", OPTIMIZER_SHARES)
+        ),
         "data": _stratified(seed, index, "data", DATA_SHARES),
     }
     shape = _stratified(seed, index, "shape", _SHAPES, _SHAPE_P)
@@ -411,6 +459,8 @@ def sample_config(seed: int, index: int, steps: int = RealRunConfig.steps) -> Re
     )
 
 
-def sample_configs(n: int, seed: int = 0, steps: int = RealRunConfig.steps) -> list[RealRunConfig]:
-    """The first ``n`` configs of the sweep drawn with ``seed``."""
-    return [sample_config(seed, i, steps) for i in range(n)]
+def sample_configs(
+    n: int, seed: int = 0, steps: int = RealRunConfig.steps, focus: Focus | None = None
+) -> list[RealRunConfig]:
+    """The first ``n`` configs of the sweep drawn with ``seed`` (and ``focus``)."""
+    return [sample_config(seed, i, steps, focus) for i in range(n)]
