@@ -8,7 +8,8 @@ then 2 workers, and measures:
 - latency: one window of 200 steps x every model signal (23) through ``RiskClient``
   (keep-alive connection, top 5 factors, Arrow as the client sends by default), one
   request at a time: p50, p99. Target (issue 9): p99 <= 10 ms. Beside it, to say where
-  the time goes: the client sending JSON, the Arrow body posted ready-made (no
+  the time goes: the client sending JSON, the client on httpx's default transport
+  (httpcore) instead of its own, the Arrow body posted ready-made through httpcore (no
   client-side work) and ``GET /livez`` (the HTTP floor);
 - throughput at 2 workers: batches of 64 such windows, JSON and Arrow, from 4 concurrent
   senders, bodies encoded once beforehand (what is timed is the service, not the
@@ -134,8 +135,9 @@ def _percentiles(call: Callable[[], object], n: int) -> tuple[float, float]:
 
 def latency(url: str, frame: pd.DataFrame, n: int) -> dict[str, tuple[float, float]]:
     """(p50, p99) in ms of ``n`` one-at-a-time requests, each over a keep-alive connection:
-    the client as it comes (Arrow: what is measured against the target) and sending JSON,
-    the window's Arrow body sent ready-made (the client's own work taken out), and
+    the client as it comes (Arrow over its KeepAliveTransport: what is measured against
+    the target), sending JSON, and on httpx's default transport (httpcore), the window's
+    Arrow body sent ready-made through httpx/httpcore (the client's own work taken out), and
     ``GET /livez`` (BentoML's route that does nothing: the floor of the HTTP stack and the
     scheduling)."""
     body = encode_runs([as_raw_run(frame, "run")])
@@ -143,11 +145,13 @@ def latency(url: str, frame: pd.DataFrame, n: int) -> dict[str, tuple[float, flo
     with (
         RiskClient(url, timeout=30) as client,
         RiskClient(url, timeout=30, arrow=False) as json_client,
+        RiskClient(url, timeout=30, transport=httpx.HTTPTransport()) as core_client,
         httpx.Client(base_url=url, timeout=30) as http,
     ):
         return {
             "client": _percentiles(lambda: client.risk(frame), n),
             "client over JSON": _percentiles(lambda: json_client.risk(frame), n),
+            "client on httpcore": _percentiles(lambda: core_client.risk(frame), n),
             "Arrow body ready-made": _percentiles(
                 lambda: http.post("/risk?top_k=5", content=body, headers=headers), n
             ),

@@ -8,7 +8,10 @@
 
 A run is a pandas frame of its recent steps (a ``step`` column plus signal columns, as
 the probe's records or a run file give them; ``event`` is dropped) or a dict of arrays
-with the same keys. One ``httpx.Client`` is kept open, so calls reuse the connection.
+with the same keys. One ``httpx.Client`` is kept open, so calls reuse the connection; its
+transport is :class:`~collapse_guard.service.transport.KeepAliveTransport` (the standard
+library's ``http.client``: a request in one write, 1.5 ms faster a call than httpcore
+here), or whatever ``transport=`` gives (``httpx.HTTPTransport()`` for HTTP/2 or proxies).
 Runs travel as an Arrow IPC stream (exact float64, about half JSON's bytes, and far
 cheaper to write and read: one window's round trip 2-3 ms faster here); ``arrow=False``
 sends the JSON body instead, e.g. through a proxy that only passes JSON.
@@ -31,6 +34,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from collapse_guard.service.arrow_codec import ARROW_TYPE, RawRun, encode_runs
+from collapse_guard.service.transport import KeepAliveTransport
 from collapse_guard.service.wire import (
     ExplainResponse,
     ModelInfo,
@@ -148,6 +152,7 @@ class RiskClient:
         timeout: seconds (or an ``httpx.Timeout``) for connecting and for each answer.
         top_k: contributing features per answer (0: none, a little faster).
         arrow: send runs as an Arrow IPC stream (default) rather than JSON.
+        transport: an httpx transport (default: :class:`KeepAliveTransport`).
     """
 
     def __init__(
@@ -163,7 +168,10 @@ class RiskClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.top_k, self.arrow = top_k, arrow
         self._http = httpx.Client(
-            base_url=url, headers=headers, timeout=timeout, transport=transport
+            base_url=url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport or KeepAliveTransport(),
         )
 
     # ---------------------------------------------------------------- scoring
