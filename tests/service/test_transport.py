@@ -114,7 +114,7 @@ def test_the_default_and_httpcore_transports_give_the_same_answers(served, defau
         RiskClient(served, token=TOKEN, timeout=30.0) as ours,
         RiskClient(served, token=TOKEN, timeout=30.0, transport=httpx.HTTPTransport()) as core,
     ):
-        assert isinstance(ours._http._transport, KeepAliveTransport)
+        assert isinstance(ours._transport, KeepAliveTransport)
         assert ours.risk(frame) == core.risk(frame)
         assert ours.model_info() == core.model_info()
 
