@@ -15,8 +15,7 @@ then 2 workers, and measures:
   senders on RiskClient's transport, bodies encoded once beforehand (what is timed is
   the service, not the client's encoder): windows per second, with the top 5
   contributing features per window (the default; SHAP costs about as much as the
-  features) and without
-  (``top_k=0``). Targets: >= 2,000 (JSON), >= 8,000 (Arrow);
+  features) and without (``top_k=0``). Targets: >= 2,000 (JSON), >= 8,000 (Arrow);
 - the embedded path in this process: ``RiskModel.predict_window(frame, context={})`` per
   window, and ``predict_windows`` of 64 frames per window, and the service's overhead as
   the ratio of its p50 to the embedded window;
