@@ -397,7 +397,9 @@ class Focus:
     ``constant_high`` and ``slow_ramp`` with Lion or SGD developed a collapse 50+ steps
     after its trigger in 54 of 74 runs, against 102 of 388 for the whole mix. Families
     and data keep their shares. A focused sweep has its own run ids (:attr:`tag`), so it
-    can share a folder with the full one.
+    can share a folder with the full one. Measured, the 70 runs of that focus with seed 1:
+    42 developed 50+ steps after their trigger, 20 at 10-49 steps (12 of them SGD's slow
+    ramps: its edge is lower than the one drawn with, see ``STABLE_EDGE``), 8 stayed healthy.
     """
 
     recipes: tuple[str, ...] = ()  # empty: every recipe
