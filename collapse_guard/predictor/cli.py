@@ -215,6 +215,11 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
         "validation thresholds"
     )
     console.print(holdout_table(holdout, title))
+    roc_like = (
+        f"ROC-like (secondary): every scorer at a threshold fitted on each held-out "
+        f"{grouping}'s runs for {budget:g} false alarms per 10k healthy steps"
+    )
+    console.print(holdout_table(holdout, roc_like, "budget"))
 
 
 def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:

@@ -155,14 +155,16 @@ def print_groups(console, report) -> None:
         console.print(_group_table(report, grouping, title))
 
 
-def holdout_table(holdout, title: str):
+def holdout_table(holdout, title: str, operating_point: str = "headline"):
     """Rich table: one row per scorer, one column per held-out group and the mean; each
-    cell 'recall (median lead) @false alarms per 10k healthy steps'."""
+    cell 'recall (median lead) @false alarms per 10k healthy steps', at each scorer's own
+    point (``headline``) or at the ROC-like one (``budget``)."""
     from rich import box
     from rich.table import Table
 
-    recall, lead = holdout.wide("recall"), holdout.wide("median_lead")
-    fa = holdout.wide("fa_per_10k")
+    recall, lead, fa = (
+        holdout.wide(figure, operating_point) for figure in ("recall", "median_lead", "fa_per_10k")
+    )
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("scorer", no_wrap=True)
     for group in recall.index:

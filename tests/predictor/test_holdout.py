@@ -59,6 +59,15 @@ def test_the_table_has_each_family_and_the_unweighted_mean(holdout):
     assert list(wide.index) == ["gpt", "rope_swiglu", "mean"] and wide.columns[0] == "model"
 
 
+def test_the_roc_like_table_holds_the_model_to_the_budget_on_the_held_out_runs(holdout):
+    fa = holdout.wide("fa_per_10k", "budget")
+    assert list(fa.index) == ["gpt", "rope_swiglu", "mean"] and fa.columns[0] == "model"
+    assert (fa["model"] <= 1.0 + 1e-9).all()  # the evaluation's budget: 1 per 10k
+    first = holdout.folds[0].report.result("model", "all", "budget").events
+    assert holdout.wide("recall", "budget").loc["gpt", "model"] == first.recall
+    assert holdout.frame(operating_point="budget")["operating_point"].eq("budget").all()
+
+
 def test_without_synthetic_runs_or_with_one_family_only(families):
     real = [r for r in families if r.meta.source == "real"]
     with pytest.raises(ValueError, match="at least two family values"):

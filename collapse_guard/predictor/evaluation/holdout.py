@@ -61,14 +61,19 @@ class HoldoutReport:
     grouping: str
     folds: list[HeldOut] = field(default_factory=list)
 
-    def frame(self, source: str = "all") -> pd.DataFrame:
+    def frame(self, source: str = "all", operating_point: str = HEADLINE) -> pd.DataFrame:
         """One row per (group, scorer) at each scorer's headline point (the model at its
         stored ``warn`` level, a rule as its original fires it, a tuned baseline at its
-        validation threshold), then the rows ``mean`` (unweighted over groups)."""
+        validation threshold), then the rows ``mean`` (unweighted over groups).
+
+        ``operating_point="budget"``: every scorer at the ROC-like point instead, a
+        threshold fitted on the held-out group's runs for the evaluation's false-alarm
+        budget (secondary: it compares scorers at one false-alarm rate).
+        """
         rows = []
         for fold in self.folds:
             for scorer in fold.report.scorers:
-                r = fold.report.result(scorer, source, HEADLINE)
+                r = fold.report.result(scorer, source, operating_point)
                 rows.append(
                     {
                         "group": fold.group,
@@ -93,9 +98,9 @@ class HoldoutReport:
         mean["n_collapsed"] = frame.groupby("scorer", sort=False)["n_collapsed"].sum().to_numpy()
         return pd.concat([frame, mean[frame.columns]], ignore_index=True)
 
-    def wide(self, figure: str = "recall") -> pd.DataFrame:
+    def wide(self, figure: str = "recall", operating_point: str = HEADLINE) -> pd.DataFrame:
         """One row per held-out group (and ``mean``), one column per scorer."""
-        frame = self.frame()
+        frame = self.frame(operating_point=operating_point)
         if frame.empty:
             return frame
         out = frame.pivot(index="group", columns="scorer", values=figure)
