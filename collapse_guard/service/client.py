@@ -130,12 +130,13 @@ def encode_json(runs: Sequence[RawRun], top_k: int) -> bytes:
     # curvature, off by default: 2 of 23 columns a window)
     items = []
     for r in runs:
-        signals = {k: np.asarray(v, dtype=np.float64) for k, v in r.columns.items()}
-        item: dict[str, Any] = {
-            "run_id": r.run_id,
-            "steps": r.steps.tolist(),
-            "signals": {k: _with_nulls(v) for k, v in signals.items() if not np.isnan(v).all()},
-        }
+        signals = {}
+        for name, values in r.columns.items():
+            values = np.asarray(values, dtype=np.float64)
+            missing = np.isnan(values)
+            if not missing.all():
+                signals[name] = _with_nulls(values, missing)
+        item: dict[str, Any] = {"run_id": r.run_id, "steps": r.steps.tolist(), "signals": signals}
         if r.context:
             item["context"] = dict(r.context)
         items.append(item)
@@ -144,9 +145,9 @@ def encode_json(runs: Sequence[RawRun], top_k: int) -> bytes:
     return pydantic_core.to_json({"runs": items, "top_k": top_k}, inf_nan_mode="constants")
 
 
-def _with_nulls(values: np.ndarray) -> list[float | None]:
+def _with_nulls(values: np.ndarray, missing: np.ndarray) -> list[float | None]:
     out: list[float | None] = values.tolist()
-    for i in np.flatnonzero(np.isnan(values)).tolist():
+    for i in np.flatnonzero(missing).tolist():
         out[i] = None
     return out
 
