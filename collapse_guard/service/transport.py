@@ -67,21 +67,25 @@ class KeepAliveTransport(httpx.BaseTransport):
     def _exchange(
         self, sock: socket.socket, key: _Key, request: httpx.Request, message: bytes, timeouts
     ) -> httpx.Response:
-        """Send ``message``, read the whole answer, keep the socket unless it closes."""
+        """Send ``message``, read the whole answer, keep the socket unless it closes.
+
+        A stale socket's error (:data:`_STALE`) goes to the caller as it is only before
+        the answer began; once it has, the request is not sent again."""
+        began = False
         try:
             sock.settimeout(timeouts.get("read"))
             sock.sendall(message)
             answer = http.client.HTTPResponse(sock, method=request.method)
             answer.begin()
+            began = True
             content = answer.read()
             answer.close()  # its reader only: the socket stays open
-        except _STALE:
-            raise
-        except TimeoutError as error:
-            sock.close()
-            raise httpx.ReadTimeout(str(error) or "timed out", request=request) from error
         except (OSError, http.client.HTTPException) as error:
+            if isinstance(error, _STALE) and not began:
+                raise  # the caller sends it once more, on a new socket
             sock.close()
+            if isinstance(error, TimeoutError):
+                raise httpx.ReadTimeout(str(error) or "timed out", request=request) from error
             raise httpx.ReadError(f"{type(error).__name__}: {error}", request=request) from error
         if answer.will_close:
             sock.close()

@@ -4,6 +4,7 @@ a retry when the server closed a kept one, one connection per thread, httpx's er
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,6 +70,36 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_once(echo):
         answers = [http.post("/p", content=b"abc").content for _ in range(3)]
     assert answers == [b"1:/p:abc", b"2:/p:abc", b"3:/p:abc"]  # each on a new connection
     assert handler.connections == 3
+
+
+def test_a_connection_reset_after_the_answer_began_is_not_sent_again():
+    """Only a kept socket that fails before its answer began is retried: a request the
+    server already answered in part may have been acted on."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        port = server.getsockname()[1]
+        requests = []
+
+        def serve() -> None:
+            connection, _ = server.accept()
+            requests.append(connection.recv(65536))
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            requests.append(connection.recv(65536))
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
+            # an abortive close: the client reads a reset in the middle of the body
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, transport=KeepAliveTransport()) as http:
+            assert http.post("/a", content=b"1").content == b"ok"
+            with pytest.raises(httpx.ReadError, match="ConnectionResetError"):
+                http.post("/b", content=b"2")
+        thread.join(timeout=5)
+    assert len(requests) == 2  # no third request on a new connection
 
 
 def test_each_thread_keeps_its_own_connection(echo):
