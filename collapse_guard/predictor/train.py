@@ -8,8 +8,10 @@ Steps (each its own function in this package, so fleet-scale training can swap o
 3. fit the LightGBM ``CollapsePredictor`` on train rows, early-stopping on
    validation rows;
 4. calibrate on validation rows (``calibration.Calibrator``);
-5. set the level thresholds from false-alarm budgets on the healthy validation runs,
-   scored at every step (``levels.thresholds_from_budgets``);
+5. set the level thresholds from false-alarm budgets on healthy runs scored at every
+   step (``levels.thresholds_from_budgets``): each family's healthy runs scored by a
+   model fitted without that family (``crossfit``), so that the levels hold on a
+   set-up the model never saw; the healthy validation runs when that cannot be done;
 6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
 
 Deterministic: the same runs and seed give the same model string. No MLflow here
@@ -41,6 +43,7 @@ from collapse_guard.datasets.label import HORIZON
 from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
 from collapse_guard.predictor.baselines import default_baselines
 from collapse_guard.predictor.calibration import Calibrator
+from collapse_guard.predictor.crossfit import cross_fitted_scores
 from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs, kind_of, setup_of
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
@@ -64,6 +67,7 @@ __all__ = [
     "RowBuilder",
     "SplitRecord",
     "TrainingResult",
+    "fit_and_level",
     "fit_risk_model",
     "set_levels",
     "train_risk_model",
@@ -178,25 +182,69 @@ def set_levels(
     model: RiskModel,
     healthy_runs: Sequence[RunRecord],
     budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+    scores: Mapping[str, np.ndarray] | None = None,
 ) -> RiskModel:
     """Step 5: thresholds from budgets on healthy runs scored at every step.
+
+    ``scores``: run id -> per-row scores to use instead of the model's own (the
+    cross-fitted scores of ``fit_and_level``); the other runs are scored by ``model``.
 
     Each source (real, synthetic, imported, ...) must hold the budget on its own, so each
     level is the highest of the per-source thresholds: pooled, the many synthetic healthy
     steps set a threshold that real runs crossed 10x as often as the budget (issue 8:
     `warn` at 10.6 false alarms per 10k healthy real steps against a budget of 1).
     """
+    scores = scores or {}
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
     by_source: dict[str, list[np.ndarray]] = {}
     for run in healthy_runs:
-        scores = model.predict_run(run.frame, steps=run.frame["step"].to_numpy()).to_numpy()
-        by_source.setdefault(run.meta.source, []).append(scores)
+        run_scores = scores.get(run.run_id)
+        if run_scores is None:
+            steps = run.frame["step"].to_numpy()
+            run_scores = model.predict_run(run.frame, steps=steps).to_numpy()
+        by_source.setdefault(run.meta.source, []).append(run_scores)
     per_source = [thresholds_from_budgets(s, budgets) for s in by_source.values()]
     model.with_thresholds({level: max(t[level] for t in per_source) for level in LEVELS})
     model.budgets = dict(budgets)
     model.meta["threshold_sources"] = sorted(by_source)
     # how many healthy steps back the thresholds: the tightest budget it can honour
     model.meta["threshold_healthy_steps"] = int(sum(x.size for v in by_source.values() for x in v))
+    return model
+
+
+def fit_and_level(
+    train_runs: Sequence[RunRecord],
+    val_runs: Sequence[RunRecord],
+    *,
+    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+    levels_by: str | None = "family",
+    **fit_kwargs: Any,
+) -> RiskModel:
+    """Steps 2-5: :func:`fit_risk_model`, then the levels (module docstring, step 5).
+
+    ``levels_by``: the set-up grouping whose groups are cross-fitted for the levels
+    (``crossfit``); ``None`` sets them on the healthy validation runs alone.
+    ``meta["levels_from"]`` records which, and why when cross-fitting fell back.
+    """
+
+    def fit(train: Sequence[RunRecord], val: Sequence[RunRecord]) -> RiskModel:
+        return fit_risk_model(train, val, **fit_kwargs)[0]
+
+    model = fit(train_runs, val_runs)
+    cross = (
+        None if levels_by is None else cross_fitted_scores(train_runs, val_runs, fit, by=levels_by)
+    )
+    if cross is not None and cross.fitted:
+        set_levels(model, cross.runs, budgets, cross.scores)
+        model.meta["levels_from"] = {
+            "runs": "cross-fitted",
+            "by": levels_by,
+            "groups": cross.groups,
+        }
+    else:
+        set_levels(model, [r for r in val_runs if not r.collapsed], budgets)
+        why = {} if cross is None else {"not_cross_fitted": cross.reason}
+        model.meta["levels_from"] = {"runs": "validation", **why}
     return model
 
 
@@ -213,6 +261,7 @@ def train_risk_model(
     eval_budget_per_10k: float = 1.0,
     params: Mapping[str, Any] | None = None,
     signals: Sequence[str] = MODEL_SIGNALS,
+    levels_by: str | None = "family",
     progress: Callable[[str], None] | None = None,
     rows: RowBuilder = build_training_data,
 ) -> TrainingResult:
@@ -229,6 +278,9 @@ def train_risk_model(
         eval_budget_per_10k: false alarms per 10k healthy steps for "recall at budget".
         params: CollapsePredictor hyperparameters to override.
         signals: the signals the model predicts from (its feature schema's signals).
+        levels_by: the levels come from each ``levels_by`` group's healthy runs scored by
+            a model fitted without that group (``crossfit``; one extra fit per group);
+            ``None``: from the healthy validation runs alone.
         progress: called with a line of text after each stage (e.g. ``print``).
         rows: builds the training rows of a list of runs; ``build_training_data`` here,
             ``predictor.fleet.rows_on(client)`` to compute them on a Dask cluster.
@@ -246,9 +298,11 @@ def train_risk_model(
     require_trainable_split(metas, split)  # before any fit: what each split lacks
     by_split = _by_split(runs, split)
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
-    model, _ = fit_risk_model(
+    model = fit_and_level(
         by_split["train"],
         by_split["validation"],
+        budgets=budgets,
+        levels_by=levels_by,
         seed=seed,
         window=window,
         horizon=horizon,
@@ -258,10 +312,11 @@ def train_risk_model(
         signals=signals,
         rows=rows,
     )
-    _log(progress, f"fitted {model.meta['n_trees']} trees ({time.perf_counter() - t0:.0f} s)")
-    healthy_val = [r for r in by_split["validation"] if not r.collapsed]
-    set_levels(model, healthy_val, budgets)
-    _log(progress, f"levels {model.thresholds} ({time.perf_counter() - t0:.0f} s)")
+    _log(
+        progress,
+        f"fitted {model.meta['n_trees']} trees; levels {model.thresholds} from "
+        f"{model.meta['levels_from']['runs']} runs ({time.perf_counter() - t0:.0f} s)",
+    )
     # the learned baselines are tuned on the validation runs, as the model's levels are
     baselines = default_baselines(
         by_split["train"],

@@ -50,6 +50,7 @@ __all__ = [
     "GroupResult",
     "cause_of",
     "group_metrics",
+    "held_out_group",
     "kind_of",
     "run_groups",
     "setup_of",
@@ -94,6 +95,12 @@ def setup_of(meta, grouping: str) -> str:
     if grouping in SETUP_GROUPINGS:
         return str(meta.config.get(grouping) or UNKNOWN)
     raise ValueError(f"grouping must be one of {SETUP_GROUPINGS}, got {grouping!r}")
+
+
+def held_out_group(meta, grouping: str) -> str:
+    """The group a leave-one-out puts a run in: its set-up, but ``synthetic`` for every
+    synthetic run, whatever its config says (synthetic runs are training data, never a test)."""
+    return SYNTHETIC_FAMILY if meta.source == "synthetic" else setup_of(meta, grouping)
 
 
 def run_groups(meta) -> dict[str, str | None]:

@@ -6,9 +6,10 @@ or ``data``) among the runs:
 
 1. the runs of ``g`` are the test runs; every other run is split by run into train and
    validation (``training_data.split_runs``, stratified by outcome and source, seeded);
-2. a model is fitted on train, calibrated on validation, and its levels set on the
-   healthy validation runs, exactly as ``train_risk_model`` does (``fit_risk_model``,
-   ``set_levels``); the learned baselines are fitted and tuned on the same runs;
+2. a model is fitted on train, calibrated on validation, and its levels set exactly as
+   ``train_risk_model`` sets them (``fit_and_level``: cross-fitted by family among the
+   training groups, ``predictor.crossfit``); the learned baselines are fitted and tuned
+   on the same runs;
 3. model and baselines are evaluated on the runs of ``g`` (``evaluate_runs``).
 
 Synthetic runs have no family, optimizer or data of their own: they form the group
@@ -32,7 +33,7 @@ from collapse_guard.predictor.evaluation.groups import (
     SETUP_GROUPINGS,
     SYNTHETIC_FAMILY,
     UNKNOWN,
-    setup_of,
+    held_out_group,
 )
 from collapse_guard.predictor.evaluation.report import HEADLINE, EvalReport, evaluate_runs
 
@@ -108,16 +109,6 @@ class HoldoutReport:
         return out.reindex(index=order, columns=[*dict.fromkeys(frame["scorer"])])
 
 
-def _fit_and_level(train_runs, val_runs, *, seed, horizon, params, fit_kwargs):
-    # steps 2-5 of train_risk_model, without the evaluation (imported here: train imports us)
-    from collapse_guard.predictor.train import fit_risk_model, set_levels
-
-    model, _ = fit_risk_model(
-        train_runs, val_runs, seed=seed, horizon=horizon, params=params, **fit_kwargs
-    )
-    return set_levels(model, [r for r in val_runs if not r.collapsed])
-
-
 def leave_one_group_out(
     runs: Sequence,
     *,
@@ -129,6 +120,7 @@ def leave_one_group_out(
     budget_per_10k: float = 1.0,
     params: dict | None = None,
     baselines: bool = True,
+    levels_by: str | None = "family",
     progress: Callable[[str], None] | None = None,
     **fit_kwargs,
 ) -> HoldoutReport:
@@ -137,8 +129,13 @@ def leave_one_group_out(
     ``runs``: ``RunRecord``s. ``validation_share``: of the training runs, the share kept
     for early stopping, calibration, levels and the tuned baselines' thresholds.
     ``params``, ``fit_kwargs``: passed to ``fit_risk_model`` (e.g. ``stride``, ``window``).
+    ``levels_by``: as ``train_risk_model``'s; cross-fitted within the training runs only,
+    so the held-out group sets nothing.
     """
     from collapse_guard.predictor.baselines import default_baselines
+
+    # steps 2-5 of train_risk_model, levels included (imported here: train imports us)
+    from collapse_guard.predictor.train import fit_and_level
     from collapse_guard.predictor.training_data import split_runs
 
     if by not in SETUP_GROUPINGS:
@@ -149,10 +146,7 @@ def leave_one_group_out(
     if not synthetic:
         runs = [r for r in runs if r.meta.source != "synthetic"]
     # a synthetic run is training data whatever its config says (module docstring)
-    group = {
-        r.run_id: SYNTHETIC_FAMILY if r.meta.source == "synthetic" else setup_of(r.meta, by)
-        for r in runs
-    }
+    group = {r.run_id: held_out_group(r.meta, by) for r in runs}
     held = sorted(set(group.values()) - set(NEVER_HELD_OUT))
     report = HoldoutReport(grouping=by)
     if not held or (len(held) < 2 and set(group.values()) <= set(held)):
@@ -173,8 +167,8 @@ def leave_one_group_out(
         val = [r for r in rest if r.run_id in val_ids]
         if progress is not None:
             progress(f"{by} {g}: train {len(train)}, validation {len(val)}, test {len(test)} runs")
-        model = _fit_and_level(
-            train, val, seed=seed, horizon=horizon, params=params, fit_kwargs=fit_kwargs
+        model = fit_and_level(
+            train, val, seed=seed, horizon=horizon, params=params, levels_by=levels_by, **fit_kwargs
         )
         scorers = (
             default_baselines(train, val, horizon=horizon, budget_per_10k=budget_per_10k, seed=seed)

@@ -1,0 +1,102 @@
+"""Alarm levels that hold on a set-up the model never saw: cross-fitted healthy scores.
+
+Levels set on the healthy validation runs of the families a model trained on hold their
+budget on those families, not on a new one. A user's run is a new set-up, and the model
+scores it higher than the set-ups it knows: measured leave-one-family-out on 486 real
+runs, the ``warn`` level set on validation runs raised 3-11 false alarms per 10k healthy
+steps on the held-out family, against a budget of 1 (issue 8).
+
+So the levels are set on what a new set-up looks like to the model. For each family
+among the training runs, a model is fitted without it (the same pipeline and seed), and
+that family's healthy runs, training and validation alike, are scored by it. The
+thresholds are then set from these out-of-family scores (``levels.thresholds_from_budgets``,
+per source as before). The shipped model is still the one fitted on every training run;
+the fold models only score. With the same budgets the levels then held on every held-out
+family (0.4-0.8 false alarms per 10k healthy steps for ``warn``; benchmarks/README.md).
+
+Synthetic runs have no family and are always trained on (``evaluation.holdout``'s
+rule); their source keeps the shipped model's scores on its healthy validation runs.
+Fewer than two families, or a family without which no model can be fitted and
+calibrated (no collapsed run left in the training or validation part), and the levels
+fall back to the validation runs alone; ``CrossFit.reason`` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collapse_guard.predictor.evaluation.groups import held_out_group
+from collapse_guard.predictor.evaluation.holdout import NEVER_HELD_OUT
+
+__all__ = ["CrossFit", "cross_fitted_scores"]
+
+
+@dataclass
+class CrossFit:
+    """Healthy runs scored by models that never saw their group, or why there are none.
+
+    ``runs``: the healthy runs whose scores set the levels (held-out groups' runs scored
+    out of group, plus the never-held-out sources' healthy validation runs);
+    ``scores``: run id -> per-row scores for the runs scored out of group (the others
+    are scored by the shipped model).
+    """
+
+    by: str
+    groups: list[str] = field(default_factory=list)
+    runs: list = field(default_factory=list)
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
+    reason: str | None = None  # set when the levels fall back to the validation runs
+
+    @property
+    def fitted(self) -> bool:
+        return self.reason is None
+
+
+def _fold(runs: Sequence, group: dict[str, str], g: str) -> list:
+    return [r for r in runs if group[r.run_id] != g]
+
+
+def _unfittable(train: Sequence, val: Sequence) -> str | None:
+    # what fit_risk_model needs: positives to fit on, and to calibrate on
+    for part, runs in (("training", train), ("validation", val)):
+        if not any(r.collapsed for r in runs):
+            return f"no collapsed {part} run"
+    return None
+
+
+def cross_fitted_scores(
+    train_runs: Sequence,
+    val_runs: Sequence,
+    fit: Callable[[list, list], object],
+    *,
+    by: str = "family",
+) -> CrossFit:
+    """Score each group's healthy runs with a model ``fit`` without that group.
+
+    ``fit(train, val)`` returns a fitted model (``RiskModel.predict_run``), no levels
+    needed. Runs are ``RunRecord``s; groups are ``evaluation.groups.held_out_group``.
+    """
+    runs = [*train_runs, *val_runs]
+    group = {r.run_id: held_out_group(r.meta, by) for r in runs}
+    groups = sorted(set(group.values()) - set(NEVER_HELD_OUT))
+    out = CrossFit(by=by, groups=groups)
+    if len(groups) < 2:
+        out.reason = f"runs of {len(groups)} {by} value(s); cross-fitting needs two or more"
+        return out
+    for g in groups:
+        train, val = _fold(train_runs, group, g), _fold(val_runs, group, g)
+        if (why := _unfittable(train, val)) is not None:
+            out.reason = f"without {by} {g}: {why}"
+            return out
+    for g in groups:
+        model = fit(_fold(train_runs, group, g), _fold(val_runs, group, g))
+        for run in runs:
+            if group[run.run_id] == g and not run.collapsed:
+                steps = run.frame["step"].to_numpy()
+                out.scores[run.run_id] = model.predict_run(run.frame, steps=steps).to_numpy()
+                out.runs.append(run)
+    out.runs += [r for r in val_runs if group[r.run_id] in NEVER_HELD_OUT and not r.collapsed]
+    return out

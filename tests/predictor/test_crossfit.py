@@ -1,0 +1,149 @@
+"""Levels from cross-fitted healthy scores: each family scored by a model that never saw it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from predictor_settings import FAST_PARAMS
+
+from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.predictor.crossfit import cross_fitted_scores
+from collapse_guard.predictor.levels import thresholds_from_budgets
+from collapse_guard.predictor.train import fit_and_level
+from collapse_guard.predictor.training_data import RunRecord
+
+BUDGETS = {"watch": 10, "warn": 100, "critical": 1000}
+
+
+def _run(run_id: str, family: str | None, collapsed: bool, n: int = 50) -> RunRecord:
+    frame = pd.DataFrame({"step": np.arange(n)})
+    frame.attrs["family"] = family
+    if family is None:
+        meta = RunMeta(run_id=run_id, source="synthetic")
+    else:
+        meta = RunMeta(run_id=run_id, source="real", config={"family": family})
+    return RunRecord(frame, dataclasses.replace(meta, onset_step=n // 2 if collapsed else None))
+
+
+class _FamilyModel:
+    """Scores 2.0 on a family it never trained on and 1.0 on one it did: the fitting is
+    not under test here, which runs each fold trains on and scores is."""
+
+    def __init__(self, train, val) -> None:
+        self.seen = {r.meta.config.get("family") for r in [*train, *val]}
+
+    def predict_run(self, frame, steps):
+        return pd.Series(np.full(len(steps), 1.0 if frame.attrs["family"] in self.seen else 2.0))
+
+
+def _runs():
+    train = [
+        _run(f"t-{family}-{i}", family, collapsed=i % 2 == 0)
+        for family in ("gpt", "mha", "rope_swiglu", None)
+        for i in range(4)
+    ]
+    val = [
+        _run(f"v-{family}-{i}", family, collapsed=i == 0)
+        for family in ("gpt", "mha", "rope_swiglu", None)
+        for i in range(2)
+    ]
+    return train, val
+
+
+def test_every_healthy_run_of_a_family_is_scored_by_a_model_fitted_without_that_family():
+    train, val = _runs()
+    folds = []
+
+    def fit(tr, va):
+        folds.append({r.meta.config.get("family") for r in [*tr, *va]})
+        return _FamilyModel(tr, va)
+
+    cross = cross_fitted_scores(train, val, fit)
+    assert cross.fitted and cross.groups == ["gpt", "mha", "rope_swiglu"]
+    # one fold per family, each without it; synthetic runs (family None) in every fold
+    assert folds == [
+        {"mha", "rope_swiglu", None},
+        {"gpt", "rope_swiglu", None},
+        {"gpt", "mha", None},
+    ]
+    healthy_real = {r.run_id for r in [*train, *val] if not r.collapsed and r.meta.source == "real"}
+    assert set(cross.scores) == healthy_real  # training and validation runs alike: 6 + 3
+    assert len(healthy_real) == 9
+    assert all((s == 2.0).all() for s in cross.scores.values())  # all out of family
+    # synthetic runs are never held out: their healthy validation run is scored by the
+    # shipped model, and the levels see it beside the cross-fitted ones
+    synthetic = [r.run_id for r in cross.runs if r.meta.source == "synthetic"]
+    assert synthetic == ["v-None-1"]
+    assert {r.run_id for r in cross.runs} == healthy_real | {"v-None-1"}
+
+
+@pytest.mark.parametrize(
+    ("drop", "reason"),
+    [
+        (("mha", "rope_swiglu"), "runs of 1 family value(s); cross-fitting needs two or more"),
+        (("rope_swiglu",), "without family gpt: no collapsed validation run"),
+    ],
+)
+def test_the_levels_fall_back_to_validation_runs_when_a_fold_cannot_be_fitted(drop, reason):
+    train, val = _runs()
+    train = [r for r in train if r.meta.config.get("family") not in drop]
+    val = [r for r in val if r.meta.config.get("family") not in drop]
+    if drop == ("rope_swiglu",):
+        # the only collapsed validation runs are gpt's: without gpt, nothing to calibrate on
+        val = [r for r in val if r.meta.config.get("family") == "gpt" or not r.collapsed]
+    cross = cross_fitted_scores(train, val, fit=lambda tr, va: pytest.fail("no fold is fitted"))
+    assert not cross.fitted and cross.reason == reason and not cross.scores
+
+
+@pytest.fixture(scope="module")
+def families(run_records):
+    # the 60 synthetic runs, two thirds relabelled as real runs of two model families
+    names = (None, "gpt", "rope_swiglu")
+    out = []
+    for i, r in enumerate(run_records):
+        if names[i % 3] is not None:
+            meta = dataclasses.replace(r.meta, source="real", config={"family": names[i % 3]})
+            r = RunRecord(r.frame, meta, r.path)
+        out.append(r)
+    return out
+
+
+def test_fit_and_level_sets_the_stored_levels_from_the_cross_fitted_scores(families):
+    from collapse_guard.predictor.train import fit_risk_model
+
+    train, val = families[::2], families[1::2]
+    kwargs = {"stride": 25, "params": FAST_PARAMS}
+    model = fit_and_level(train, val, budgets=BUDGETS, **kwargs)
+    assert model.meta["levels_from"] == {
+        "runs": "cross-fitted",
+        "by": "family",
+        "groups": ["gpt", "rope_swiglu"],
+    }
+    # the same levels from scratch: each family's healthy runs scored by a model
+    # fitted without it; the synthetic source's healthy validation runs by the model
+    real, synthetic = [], []
+    for family in ("gpt", "rope_swiglu"):
+        without = [
+            [r for r in part if r.meta.config.get("family") != family] for part in (train, val)
+        ]
+        fold = fit_risk_model(*without, **kwargs)[0]
+        for r in [*train, *val]:
+            if r.meta.config.get("family") == family and not r.collapsed:
+                real.append(fold.predict_run(r.frame, steps=r.frame["step"].to_numpy()).to_numpy())
+    for r in val:
+        if r.meta.source == "synthetic" and not r.collapsed:
+            synthetic.append(
+                model.predict_run(r.frame, steps=r.frame["step"].to_numpy()).to_numpy()
+            )
+    per_source = [thresholds_from_budgets(s, BUDGETS) for s in (real, synthetic)]
+    expected = {level: max(t[level] for t in per_source) for level in BUDGETS}
+    assert model.thresholds == pytest.approx(expected, abs=0)
+    assert model.meta["threshold_healthy_steps"] == sum(map(len, real + synthetic))
+
+    on_validation = fit_and_level(train, val, budgets=BUDGETS, levels_by=None, **kwargs)
+    assert on_validation.meta["levels_from"] == {"runs": "validation"}
+    assert on_validation.booster.model_to_string() == model.booster.model_to_string()  # one fit
+    assert on_validation.thresholds != model.thresholds
