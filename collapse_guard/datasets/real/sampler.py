@@ -32,6 +32,9 @@ recipe              weight  what it draws (LRs as multiples of the edge)
                             SGD also: one unclipped gradient spike of 1e3-1e5
 ``fragile``         0.08    fp16 without a loss scaler at 1-3x, post-LN without
                             warmup, or (AdamW) a tiny beta2 and eps, unclipped
+``safe_ramp``       top-up  learn at 0.05-0.2x, re-warm over 100-300 steps to 0.3-0.8x
+                            (SGD 0.15-0.4x): slow_ramp's hard negative, drawn only by
+                            a focused top-up (``TOP_UP_RECIPES``)
 ==================  ======  =========================================================
 
 Measured on the first 60 runs of the seed-0 sweep (1,000 steps, ``benchmarks/real_runs.py
@@ -90,6 +93,7 @@ __all__ = [
     "OPTIMIZER_SHARES",
     "RECIPES",
     "STABLE_EDGE",
+    "TOP_UP_RECIPES",
     "Focus",
     "sample_config",
     "sample_configs",
@@ -109,6 +113,10 @@ RECIPES: dict[str, float] = {
     # fragile set-ups: diverge near the peak LR, or only stall
     "fragile": 0.08,
 }
+# Recipes drawn only by a focused top-up (``Focus``): in RECIPES they would reshuffle every
+# sweep already on disk. ``safe_ramp`` is slow_ramp's hard negative (issue 8: a model
+# trained without it warned on a healthy Lion re-warm to half the edge as on a collapse)
+TOP_UP_RECIPES: dict[str, float] = {"safe_ramp": 0.17}
 FAMILY_SHARES: dict[str, float] = {"gpt": 0.34, "rope_swiglu": 0.33, "mha": 0.33}
 OPTIMIZER_SHARES: dict[str, float] = {"adamw": 0.45, "lion": 0.30, "sgd": 0.25}
 DATA_SHARES: dict[str, float] = {"bytes": 0.5, "language": 0.5}
@@ -297,6 +305,20 @@ def _slow_ramp(rng, steps, knobs, edge, ctx) -> dict:
     }
 
 
+def _safe_ramp(rng, steps, knobs, edge, ctx) -> dict:
+    """``slow_ramp`` that stays under the edge: learn at 0.05-0.2x, re-warm to 0.3-0.8x.
+
+    SGD's measured edge is about half the one drawn with (module docstring), so its ramp
+    ends at 0.15-0.4x. A hard negative: the LR rises as slowly as before a collapse.
+    """
+    sgd = ctx["optimizer"] == "sgd"
+    return {
+        **_slow_ramp(rng, steps, knobs, edge, ctx),
+        "lr": edge * _log_uniform(rng, *((0.03, 0.1) if sgd else (0.05, 0.2))),
+        "rewarm_lr": edge * _log_uniform(rng, *((0.15, 0.4) if sgd else (0.3, 0.8))),
+    }
+
+
 def _growing_fault(rng, steps, knobs, edge, ctx) -> dict:
     """A fault that grows over 100-300 steps: a rising LR, or more and more random tokens."""
     kind = _choice(rng, ("lr_ramp", "corrupt_ramp"))
@@ -386,6 +408,7 @@ _RECIPE_KNOBS = {
     "growing_fault": _growing_fault,
     "sudden": _sudden,
     "fragile": _fragile,
+    "safe_ramp": _safe_ramp,
 }
 
 
@@ -407,7 +430,7 @@ class Focus:
 
     def __post_init__(self) -> None:
         for field, chosen, known in (
-            ("recipes", self.recipes, RECIPES),
+            ("recipes", self.recipes, {**RECIPES, **TOP_UP_RECIPES}),
             ("optimizers", self.optimizers, OPTIMIZER_SHARES),
         ):
             unknown = sorted(set(chosen) - set(known))
@@ -438,7 +461,9 @@ def sample_config(
     and of ``focus`` when the sweep is narrowed to some recipes and optimizers)."""
     focus = focus or Focus()
     rng = np.random.default_rng([seed, index])
-    recipe = _stratified(seed, index, "recipe", focus.shares("recipe", RECIPES))
+    # top-up recipes only when chosen: an unfocused sweep draws exactly what it always did
+    recipes = {**RECIPES, **TOP_UP_RECIPES} if focus.recipes else RECIPES
+    recipe = _stratified(seed, index, "recipe", focus.shares("recipe", recipes))
     ctx = {
         "family": _stratified(seed, index, "family", FAMILY_SHARES),
         "optimizer": _stratified(
