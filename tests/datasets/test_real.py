@@ -31,6 +31,7 @@ from collapse_guard.datasets.real.model import GPT, GPTConfig
 from collapse_guard.datasets.real.optim import build_optimizer
 from collapse_guard.datasets.real.precision import emulate_precision
 from collapse_guard.datasets.real.runner import run_real, temp_path
+from collapse_guard.datasets.real.sampler import STABLE_EDGE
 from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run
 
 TINY = {"n_layer": 1, "d_model": 32, "seq_len": 32, "batch_size": 4}
@@ -131,6 +132,18 @@ def test_a_focused_sweep_draws_only_its_recipes_and_optimizers_in_their_shares()
     assert run_id_for(1, 7, Focus(optimizers=("sgd",))) == "real-s1-all.sgd-00007"
     assert run_id_for(1, 7, Focus()) == run_id_for(1, 7) == "real-s1-00007"
     assert sample_configs(5, seed=1, focus=Focus()) == sample_configs(5, seed=1)
+
+
+def test_safe_ramps_stay_under_the_edge_and_come_only_from_a_top_up():
+    assert "safe_ramp" not in {c.recipe for c in sample_configs(400, seed=0)}
+    configs = sample_configs(40, seed=3, focus=Focus(("safe_ramp",)))
+    assert {c.recipe for c in configs} == {"safe_ramp"}
+    for c in configs:
+        edge = STABLE_EDGE[c.family, c.optimizer]
+        top = 0.4 if c.optimizer == "sgd" else 0.8  # SGD's measured edge is lower
+        # a slow re-warm up, as slow_ramp's, that ends under the edge
+        assert c.lr < c.rewarm_lr <= top * edge and 100 <= c.rewarm_steps <= 300
+        assert c.rewarm_lr >= 1.5 * c.lr and c.rewarm_step > 0 and c.fault == "none"
 
 
 # --------------------------------------------------------------------------- faults
