@@ -39,11 +39,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/probe_overhead.py
 	$(BIN)/python benchmarks/features_speed.py
 
-# Rebuilds the bundled model (collapse_guard/predictor/default_model, < 5 MB) from synthetic
-# runs plus, when REAL names a folder of real runs (`collapse-guard data real`), those too:
+# Rebuilds the bundled model (collapse_guard/predictor/default_model, < 5 MB) from the real
+# runs in REAL (`collapse-guard data real`; benchmarks/README.md gives the sweeps), no
+# synthetic runs (they did not help on held-out families; SYNTHETIC=400 adds them):
 #   make default-model REAL=data/real
 default-model: $(STAMP)
-	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic 400 --work data/bundle-synthetic $(if $(REAL),--real $(REAL))
+	$(if $(REAL),,$(error REAL must name a folder of real runs, e.g. make default-model REAL=data/real))
+	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

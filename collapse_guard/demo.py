@@ -2,9 +2,13 @@
 guarded, into a collapse that develops over a hundred steps and more.
 
 The scenario is the real-run sampler's ``slow_ramp`` recipe (``datasets/real/sampler.py``):
-a GPT (2 layers, d_model 64, no qk-layernorm) learns at a safe LR, then the LR is re-warmed
-slowly, over ``--rewarm-steps`` steps, to several times AdamW's measured stable edge
-(``STABLE_EDGE``: 0.04), as a continued pre-training that re-warms too far does. The
+a GPT (2 layers, d_model 64, no qk-layernorm) learns at a safe LR with Lion, then the LR is
+re-warmed slowly, over ``--rewarm-steps`` steps, to several times Lion's measured stable
+edge (``STABLE_EDGE``: 0.03), as a continued pre-training that re-warms too far does. Lion
+is the default because slow re-warms under Lion are the collapses the bundled model
+forecasts best on families it never saw (benchmarks/README.md); under AdamW
+(``--optimizer adamw --lr 0.003 --rewarm-lr 0.16``) it gives no warning, and the save is
+the guard's reactive path's. The
 unguarded run's loss rises and stays up (the project's label calls it a collapse); the
 guarded run sees the risk rise, lowers its LR and tightens clipping, and rolls back and
 lowers the LR again if the loss still rises, and finishes healthy. Both runs are scored by
@@ -19,6 +23,7 @@ imported when the command runs, so that ``collapse-guard --help`` stays fast.
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections import Counter
@@ -28,8 +33,23 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["DemoRun", "demo", "run_scenario", "scenario"]
+from collapse_guard.datasets.real.config import OPTIMIZERS
 
+__all__ = ["DEFAULT", "DemoRun", "demo", "run_scenario", "scenario"]
+
+Optimizer = enum.Enum("Optimizer", {name: name for name in OPTIMIZERS}, type=str)  # the choices
+# the demo's scenario (``scenario``'s arguments): a Lion re-warm over 400 steps to 3.3x the
+# edge, which the bundled model warns of 50+ steps before the collapse (tests/test_command_line)
+DEFAULT = {
+    "steps": 700,
+    "optimizer": "lion",
+    "lr": 4e-3,
+    "rewarm_at": 200,
+    "rewarm_steps": 400,
+    "rewarm_lr": 0.1,
+    "batch_size": 8,
+    "seed": 0,
+}
 RISK_EVERY = 10  # steps between risk readings of the unguarded run: the guard's default
 FINAL_STEPS = 20  # the final loss is the mean of the last 20 steps' losses
 
@@ -224,13 +244,26 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
 
 
 def demo(
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps of each run.")] = 700,
-    lr: Annotated[float, typer.Option(help="Peak AdamW LR before the re-warm.")] = 3e-3,
-    rewarm_at: Annotated[int, typer.Option(min=0, help="Step where the re-warm starts.")] = 200,
-    rewarm_steps: Annotated[int, typer.Option(min=1, help="Steps of the slow re-warm.")] = 300,
-    rewarm_lr: Annotated[float, typer.Option(help="LR the re-warm ramps to.")] = 0.16,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per batch.")] = 8,
-    seed: Annotated[int, typer.Option(help="Seeds the model and the batches.")] = 0,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps of each run.")] = DEFAULT[
+        "steps"
+    ],
+    optimizer: Annotated[
+        Optimizer, typer.Option(help="The runs' optimizer (datasets/real/optim.py).")
+    ] = Optimizer[DEFAULT["optimizer"]],
+    lr: Annotated[float, typer.Option(help="Peak LR before the re-warm.")] = DEFAULT["lr"],
+    rewarm_at: Annotated[int, typer.Option(min=0, help="Step where the re-warm starts.")] = DEFAULT[
+        "rewarm_at"
+    ],
+    rewarm_steps: Annotated[int, typer.Option(min=1, help="Steps of the slow re-warm.")] = DEFAULT[
+        "rewarm_steps"
+    ],
+    rewarm_lr: Annotated[float, typer.Option(help="LR the re-warm ramps to.")] = DEFAULT[
+        "rewarm_lr"
+    ],
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per batch.")] = DEFAULT[
+        "batch_size"
+    ],
+    seed: Annotated[int, typer.Option(help="Seeds the model and the batches.")] = DEFAULT["seed"],
     out: Annotated[
         Path, typer.Option(help="Folder of the plot, the guarded run file and checkpoints.")
     ] = Path("guard-demo"),
@@ -246,7 +279,14 @@ def demo(
     torch.set_num_threads(1)  # this model is too small to gain from more
     console = Console() if Console().is_terminal else Console(width=150)
     config = scenario(
-        steps, lr, rewarm_at, rewarm_steps, rewarm_lr, batch_size=batch_size, seed=seed
+        steps,
+        lr,
+        rewarm_at,
+        rewarm_steps,
+        rewarm_lr,
+        optimizer=optimizer.value,
+        batch_size=batch_size,
+        seed=seed,
     )
     model = RiskModel.load()
     shutil.rmtree(out / "guarded", ignore_errors=True)  # a fresh ring: no old checkpoints
@@ -255,8 +295,9 @@ def demo(
         with console.status(f"training the {'guarded' if guarded else 'unguarded'} run ..."):
             runs.append(run_scenario(config, model, guarded, out / "guarded"))
     title = (
-        f"GPT 2x64, LR {lr:g}, re-warmed from step {config.rewarm_step or '-'} over "
-        f"{rewarm_steps} steps to {rewarm_lr:g}; risk: model {model.meta['version']}"
+        f"GPT 2x64, {optimizer.value}, LR {lr:g}, re-warmed from step "
+        f"{config.rewarm_step or '-'} over {rewarm_steps} steps to {rewarm_lr:g}; "
+        f"risk: model {model.meta['version']}"
     )
     console.print(_table(runs, title))
     path = plot(runs, model.thresholds, out / "demo.png")

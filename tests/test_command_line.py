@@ -67,6 +67,18 @@ def test_demo_trains_both_runs_prints_the_table_and_writes_the_plot(tmp_path):
     assert len(list((tmp_path / "guarded").glob("run-*.parquet"))) == 1
 
 
+@pytest.mark.slow
+def test_the_bundled_model_warns_of_the_demos_collapse_50_steps_ahead():
+    from collapse_guard.demo import DEFAULT, run_scenario, scenario
+    from collapse_guard.predictor import RiskModel
+
+    config = scenario(**DEFAULT)
+    run = run_scenario(config, RiskModel.load(), guarded=False)
+    # issue 8: a collapse that develops, and `warn` at least 50 steps before its onset
+    assert run.kind == "loss_rise" and run.onset > DEFAULT["rewarm_at"] + 50
+    assert run.first_warning is not None and run.onset - run.first_warning >= 50
+
+
 # ---------------------------------------------------------------- bad input: one line
 
 _SHORT = SamplerConfig(min_steps=600, max_steps=1200)  # short runs: seconds to make

@@ -67,7 +67,22 @@ def test_the_shipped_model_loads_and_is_small():
     model = RiskModel.load()
     assert bundle.folder_bytes(DEFAULT_MODEL_DIR) < bundle.MAX_BYTES
     assert set(model.thresholds) == {"watch", "warn", "critical"}
-    assert model.meta["bundle"]["synthetic"] > 0
+    # real runs only, of three families, with levels that hold on a family it never saw
+    assert model.meta["bundle"]["real"] >= 400 and model.meta["bundle"]["synthetic"] == 0
+    assert model.meta["levels_from"] == {
+        "runs": "cross-fitted",
+        "by": "family",
+        "groups": ["gpt", "mha", "rope_swiglu"],
+    }
+
+
+def test_a_bundle_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        bundle.main(["--out", str(tmp_path / "model")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "fix: pass --real DIR" in err
+    assert not (tmp_path / "model").exists()
 
 
 def test_the_bundle_stores_the_runs_it_saw_and_stays_small_with_thousands(
