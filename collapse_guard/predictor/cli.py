@@ -19,7 +19,12 @@ from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.model_source import MODEL_HELP, load_risk_model
 
 # light: rich is imported only when a table is built
-from collapse_guard.predictor.tables import holdout_table, print_groups, print_report
+from collapse_guard.predictor.tables import (
+    holdout_groups_table,
+    holdout_table,
+    print_groups,
+    print_report,
+)
 
 __all__ = ["evaluate_command", "predict_command", "train_command"]
 
@@ -220,6 +225,10 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
         f"{grouping}'s runs for {budget:g} false alarms per 10k healthy steps"
     )
     console.print(holdout_table(holdout, roc_like, "budget"))
+    # which collapses a model misses on a set-up it never saw (issue 8)
+    for by in ("onset", "cause", *(g for g in SETUP_GROUPINGS if g != grouping)):
+        title = f"model at its stored warn level per {by}: recall (caught/collapses)"
+        console.print(holdout_groups_table(holdout, by, title))
 
 
 def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:

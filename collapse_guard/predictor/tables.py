@@ -9,7 +9,7 @@ built, so that importing this module stays light.
 
 from __future__ import annotations
 
-__all__ = ["holdout_table", "print_groups", "print_report"]
+__all__ = ["holdout_groups_table", "holdout_table", "print_groups", "print_report"]
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -175,4 +175,26 @@ def holdout_table(holdout, title: str, operating_point: str = "headline"):
             r, lead_, fa_ = (f.loc[group, scorer] for f in (recall, lead, fa))
             cells.append("—" if r != r else f"{r:.2f} ({_fmt(lead_)}) @{_rate(fa_)}")
         table.add_row(scorer, *cells, style="bold" if scorer == "model" else None)
+    return table
+
+
+def holdout_groups_table(holdout, grouping: str, title: str):
+    """Rich table: the model at its stored warn level, one row per group of ``grouping``
+    (onset, cause, optimizer, ...), one column per held-out group and ``all``; each cell
+    'recall (caught/collapses)'. Says which collapses a new set-up's model misses."""
+    from rich import box
+    from rich.table import Table
+
+    counts = holdout.group_counts(grouping)
+    columns = list(dict.fromkeys(counts.columns.get_level_values(0)))
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column(grouping, no_wrap=True)
+    for column in columns:
+        table.add_column(str(column), justify="right", no_wrap=True)
+    for group, row in counts.iterrows():
+        cells = []
+        for column in columns:
+            caught, n = row[(column, "caught")], row[(column, "n")]
+            cells.append(f"{caught / n:.2f} ({caught}/{n})" if n else "—")
+        table.add_row(str(group), *cells)
     return table

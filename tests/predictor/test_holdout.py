@@ -89,3 +89,25 @@ def test_the_cli_table_has_a_row_per_scorer_and_fits_80_columns(holdout):
     gpt = holdout.folds[0].report.result("model").events
     assert f"{gpt.recall:.2f}" in model and "@" in model
     assert "gpt" in text and "rope_swiglu" in text and "mean" in text
+
+
+def test_group_counts_say_what_the_model_caught_per_cause_on_each_held_out_family(holdout):
+    from rich.console import Console
+
+    from collapse_guard.predictor.tables import holdout_groups_table
+
+    counts = holdout.group_counts("cause")
+    assert list(dict.fromkeys(counts.columns.get_level_values(0))) == ["gpt", "rope_swiglu", "all"]
+    for fold in holdout.folds:
+        model = fold.report.result("model").events
+        # the causes of a held-out family add up to its collapses and what was caught
+        assert counts[(fold.group, "n")].sum() == model.n_collapsed > 0
+        assert counts[(fold.group, "caught")].sum() == model.caught
+    assert (counts[("all", "n")] == counts[("gpt", "n")] + counts[("rope_swiglu", "n")]).all()
+    console = Console(width=100, record=True)
+    console.print(holdout_groups_table(holdout, "cause", "per cause"))
+    text = console.export_text()
+    cause, row = next(iter(counts.iterrows()))
+    caught, n = row[("all", "caught")], row[("all", "n")]
+    line = next(x for x in text.splitlines() if x.strip().startswith(str(cause)))
+    assert f"({caught}/{n})" in line

@@ -108,6 +108,30 @@ class HoldoutReport:
         order = [*dict.fromkeys(frame["group"])]
         return out.reindex(index=order, columns=[*dict.fromkeys(frame["scorer"])])
 
+    def group_counts(self, grouping: str, scorer: str = "model") -> pd.DataFrame:
+        """What ``scorer`` caught at its headline point, per group of ``grouping`` (e.g.
+        ``onset``, ``cause``, ``optimizer``) and held-out group: one row per group, columns
+        ``(held-out group, "caught" | "n")`` and ``("all", ...)`` summed over held-out
+        groups. ``n`` counts the group's collapses."""
+        rows = []
+        for fold in self.folds:
+            point = fold.report.headline_point(scorer)
+            for g in fold.report.groups:
+                if (g.scorer, g.source, g.operating_point) != (scorer, "all", point):
+                    continue
+                if g.result.grouping == grouping:
+                    events = g.result.events
+                    rows.append((fold.group, g.result.group, events.caught, events.n_collapsed))
+        frame = pd.DataFrame(rows, columns=["held_out", grouping, "caught", "n"])
+        wide = frame.pivot_table(
+            index=grouping, columns="held_out", values=["caught", "n"], aggfunc="sum"
+        ).swaplevel(axis=1)
+        held = [f.group for f in self.folds if f.group in set(frame["held_out"])]
+        wide = wide.reindex(columns=pd.MultiIndex.from_product([held, ["caught", "n"]]))
+        for figure in ("caught", "n"):
+            wide[("all", figure)] = frame.groupby(grouping)[figure].sum()
+        return wide.fillna(0).astype(int)
+
 
 def leave_one_group_out(
     runs: Sequence,
