@@ -192,18 +192,19 @@ def test_evaluate_unseen_only_scores_the_test_split(runs_dir, own_model):
     assert seen.exit_code == 0 and "NOT A TEST" in seen.output
 
 
-def test_evaluate_refuses_the_bundled_models_own_synthetic_runs(tmp_path):
-    """`data synth --seed 0` makes the bundled model's training runs again: refused by id."""
-    from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
+def test_evaluate_refuses_runs_with_the_bundled_models_own_run_ids(tmp_path):
+    """`data real --seed 0` makes runs with the ids of the bundled model's training runs
+    again (short here): refused by id, whatever their length."""
     from collapse_guard.predictor.risk import RiskModel
     from collapse_guard.predictor.seen_runs import SeenRuns
 
-    bundled = RiskModel.load()
-    seed = bundled.meta["bundle"]["seed"]
-    generate_synthetic_runs(4, tmp_path, seed=seed)
-    seen = SeenRuns.from_meta(bundled.meta)
+    made = runner.invoke(
+        app, ["data", "real", "--n", "3", "--steps", "60", "--seed", "0", "--out", str(tmp_path)]
+    )
+    assert made.exit_code == 0, made.output
+    seen = SeenRuns.from_meta(RiskModel.load().meta)
     ids = [p.stem for p in tmp_path.glob("*.parquet")]
-    assert any(seen.role_of(i) is not None for i in ids)  # 80% are trained or validated on
+    assert len(ids) == 3 and any(seen.role_of(i) is not None for i in ids)
     result = runner.invoke(app, ["evaluate", "--runs", str(tmp_path)])
     assert result.exit_code == 2 and "were used to train" in result.output
 
