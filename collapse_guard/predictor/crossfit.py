@@ -84,7 +84,10 @@ def cross_fitted_scores(
     groups = sorted(set(group.values()) - set(NEVER_HELD_OUT))
     out = CrossFit(by=by, groups=groups)
     if len(groups) < 2:
-        out.reason = f"runs of {len(groups)} {by} value(s); cross-fitting needs two or more"
+        out.reason = (
+            f"{len(groups)} {by} value(s) among the runs (synthetic runs have none); "
+            "cross-fitting needs at least two"
+        )
         return out
     for g in groups:
         train, val = _fold(train_runs, group, g), _fold(val_runs, group, g)

@@ -83,7 +83,11 @@ def test_every_healthy_run_of_a_family_is_scored_by_a_model_fitted_without_that_
 @pytest.mark.parametrize(
     ("drop", "reason"),
     [
-        (("mha", "rope_swiglu"), "runs of 1 family value(s); cross-fitting needs two or more"),
+        (
+            ("mha", "rope_swiglu"),
+            "1 family value(s) among the runs (synthetic runs have none); "
+            "cross-fitting needs at least two",
+        ),
         (("rope_swiglu",), "without family gpt: no collapsed validation run"),
     ],
 )

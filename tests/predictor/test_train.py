@@ -162,3 +162,12 @@ def test_each_source_holds_its_budget_so_the_level_is_the_highest_per_source_thr
     assert pooled["watch"] == pytest.approx(0.3904, abs=1e-4)
     assert model.meta["threshold_sources"] == ["real", "synthetic"]
     assert model.meta["threshold_healthy_steps"] == 30_000
+
+
+def test_synthetic_runs_alone_set_the_levels_on_validation_runs_and_say_why(trained):
+    model, _ = trained  # synthetic runs have no model family to leave out
+    assert model.meta["levels_from"] == {
+        "runs": "validation",
+        "not_cross_fitted": "0 family value(s) among the runs (synthetic runs have none); "
+        "cross-fitting needs at least two",
+    }
