@@ -45,7 +45,6 @@ from collapse_guard.predictor.baselines import default_baselines
 from collapse_guard.predictor.calibration import Calibrator
 from collapse_guard.predictor.crossfit import cross_fitted_scores
 from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs, kind_of, setup_of
-from collapse_guard.predictor.evaluation.groups import held_out_group
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
@@ -184,7 +183,6 @@ def set_levels(
     healthy_runs: Sequence[RunRecord],
     budgets: Mapping[str, float] = DEFAULT_BUDGETS,
     scores: Mapping[str, np.ndarray] | None = None,
-    by: str | None = None,
 ) -> RiskModel:
     """Step 5: thresholds from budgets on healthy runs scored at every step.
 
@@ -195,27 +193,22 @@ def set_levels(
     level is the highest of the per-source thresholds: pooled, the many synthetic healthy
     steps set a threshold that real runs crossed 10x as often as the budget (issue 8:
     `warn` at 10.6 false alarms per 10k healthy real steps against a budget of 1).
-    ``by`` (a set-up grouping, e.g. ``family``): within a source, each of its groups
-    must hold the budget on its own too (what the cross-fitted levels use: measured
-    leave-one-family-out, 2.1 false alarms per 10k healthy steps on the held-out family
-    for `warn` where the families pooled gave 2.6, at the same recall).
     """
     scores = scores or {}
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
-    by_group: dict[tuple[str, str], list[np.ndarray]] = {}
+    by_source: dict[str, list[np.ndarray]] = {}
     for run in healthy_runs:
         run_scores = scores.get(run.run_id)
         if run_scores is None:
             steps = run.frame["step"].to_numpy()
             run_scores = model.predict_run(run.frame, steps=steps).to_numpy()
-        group = "" if by is None else held_out_group(run.meta, by)
-        by_group.setdefault((run.meta.source, group), []).append(run_scores)
-    per_group = [thresholds_from_budgets(s, budgets) for s in by_group.values()]
-    model.with_thresholds({level: max(t[level] for t in per_group) for level in LEVELS})
+        by_source.setdefault(run.meta.source, []).append(run_scores)
+    per_source = [thresholds_from_budgets(s, budgets) for s in by_source.values()]
+    model.with_thresholds({level: max(t[level] for t in per_source) for level in LEVELS})
     model.budgets = dict(budgets)
-    model.meta["threshold_sources"] = sorted({source for source, _ in by_group})
+    model.meta["threshold_sources"] = sorted(by_source)
     # how many healthy steps back the thresholds: the tightest budget it can honour
-    model.meta["threshold_healthy_steps"] = int(sum(x.size for v in by_group.values() for x in v))
+    model.meta["threshold_healthy_steps"] = int(sum(x.size for v in by_source.values() for x in v))
     return model
 
 
@@ -242,7 +235,7 @@ def fit_and_level(
         None if levels_by is None else cross_fitted_scores(train_runs, val_runs, fit, by=levels_by)
     )
     if cross is not None and cross.fitted:
-        set_levels(model, cross.runs, budgets, cross.scores, by=levels_by)
+        set_levels(model, cross.runs, budgets, cross.scores)
         model.meta["levels_from"] = {
             "runs": "cross-fitted",
             "by": levels_by,
