@@ -32,6 +32,7 @@ import numpy as np
 
 from collapse_guard.predictor.evaluation.groups import held_out_group
 from collapse_guard.predictor.evaluation.holdout import NEVER_HELD_OUT
+from collapse_guard.predictor.evaluation.scorer import ModelScorer
 
 __all__ = ["CrossFit", "cross_fitted_scores"]
 
@@ -91,17 +92,16 @@ def cross_fitted_scores(
             "cross-fitting needs at least two"
         )
         return out
-    for g in groups:
-        train, val = _fold(train_runs, group, g), _fold(val_runs, group, g)
+    folds = {g: (_fold(train_runs, group, g), _fold(val_runs, group, g)) for g in groups}
+    for g, (train, val) in folds.items():
         if (why := _unfittable(train, val)) is not None:
             out.reason = f"without {by} {g}: {why}"
             return out
-    for g in groups:
-        model = fit(_fold(train_runs, group, g), _fold(val_runs, group, g))
+    for g, (train, val) in folds.items():
+        scorer = ModelScorer(fit(train, val))
         for run in runs:
             if group[run.run_id] == g and not run.collapsed:
-                steps = run.frame["step"].to_numpy()
-                out.scores[run.run_id] = model.predict_run(run.frame, steps=steps).to_numpy()
+                out.scores[run.run_id] = scorer.score_run(run.frame)
                 out.runs.append(run)
     out.runs += [r for r in val_runs if group[r.run_id] in NEVER_HELD_OUT and not r.collapsed]
     return out

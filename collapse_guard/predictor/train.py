@@ -44,7 +44,13 @@ from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
 from collapse_guard.predictor.baselines import default_baselines
 from collapse_guard.predictor.calibration import Calibrator
 from collapse_guard.predictor.crossfit import cross_fitted_scores
-from collapse_guard.predictor.evaluation import EvalReport, evaluate_runs, kind_of, setup_of
+from collapse_guard.predictor.evaluation import (
+    EvalReport,
+    ModelScorer,
+    evaluate_runs,
+    kind_of,
+    setup_of,
+)
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
 from collapse_guard.predictor.model import CollapsePredictor
 from collapse_guard.predictor.risk import RiskModel
@@ -194,14 +200,13 @@ def set_levels(
     steps set a threshold that real runs crossed 10x as often as the budget (issue 8:
     `warn` at 10.6 false alarms per 10k healthy real steps against a budget of 1).
     """
-    scores = scores or {}
+    scores, scorer = scores or {}, ModelScorer(model)
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
     by_source: dict[str, list[np.ndarray]] = {}
     for run in healthy_runs:
         run_scores = scores.get(run.run_id)
         if run_scores is None:
-            steps = run.frame["step"].to_numpy()
-            run_scores = model.predict_run(run.frame, steps=steps).to_numpy()
+            run_scores = scorer.score_run(run.frame)
         by_source.setdefault(run.meta.source, []).append(run_scores)
     per_source = [thresholds_from_budgets(s, budgets) for s in by_source.values()]
     model.with_thresholds({level: max(t[level] for t in per_source) for level in LEVELS})
