@@ -108,6 +108,7 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
     from collapse_guard.datasets.real.runner import build
     from collapse_guard.features import RunContext
     from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy
+    from collapse_guard.predictor.hold import hold_risk
     from collapse_guard.probe import Probe
 
     run = DemoRun("guarded" if guarded else "unguarded")
@@ -158,8 +159,11 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
         run.risk = dict(guard.risk_readings)
     else:
         probe.close()
+        steps = sorted(run.risk)
+        held = hold_risk(steps, [run.risk[s] for s in steps], model.hold_steps)
+        run.risk = dict(zip(steps, held.tolist(), strict=True))  # as the guard holds it
         warn = model.thresholds["warn"]
-        run.first_warning = next((s for s, p in sorted(run.risk.items()) if p >= warn), None)
+        run.first_warning = next((s for s, p in run.risk.items() if p >= warn), None)
     run.seconds = time.perf_counter() - began
     label = label_run(_frame([{"loss": x} for x in run.losses], 0))
     run.onset, run.kind = label.onset_step, label.kind

@@ -54,7 +54,7 @@ from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
-from collapse_guard.guard.risk_source import make_risk_source
+from collapse_guard.guard.risk_source import ReadingHold, make_risk_source
 from collapse_guard.probe import Probe, ProbeConfig
 from collapse_guard.signals import SIGNAL_NAMES
 
@@ -127,6 +127,7 @@ class Guard:
             if self.rank == 0
             else None
         )
+        self._hold = ReadingHold()  # the levels are for the held risk (risk_source)
         schema = self.risk.schema if self.risk is not None else None
         self.window_size = schema.window if schema is not None else _DEFAULT_WINDOW
         if schema is not None:
@@ -164,7 +165,8 @@ class Guard:
         self.rescues = self.skipped = self.checkpoints = 0
         self.events: list[tuple[int, str]] = []
         self.first_warning: int | None = None  # first step at warn or above
-        self.risk_readings: list[tuple[int, float]] = []  # (window's last step, P(collapse))
+        # (window's last step, P(collapse) held over the model's hold_steps)
+        self.risk_readings: list[tuple[int, float]] = []
         if preflight and self.rank == 0:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
             for message in preflight_warnings(model, lrs, self.policy.clip):
@@ -327,6 +329,7 @@ class Guard:
         reading = self.risk.poll() if self.risk is not None else None
         if reading is None:
             return
+        reading = self._hold(reading)
         self.level, self.probability = reading.level, reading.probability
         self.risk_source = reading.source
         self.risk_readings.append((reading.step, reading.probability))

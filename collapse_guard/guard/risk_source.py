@@ -11,6 +11,10 @@ answers an error or garbage (a probability outside [0, 1], an unknown level), or
 still busy with the previous window when the next is due, the window is scored by the
 embedded model instead, a warning is given once, and the service is tried again after
 a back-off (2, 4, ... 32 windows).
+
+Each answer is one window's risk. The model's levels are set on the risk held over its
+``hold_steps`` (``predictor.hold``), so the guard acts on :class:`ReadingHold`'s
+answer: the highest reading of the last ``hold_steps`` steps, with its level.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import math
 import queue
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from collapse_guard.guard.policy import LEVELS
+from collapse_guard.predictor.hold import RiskHold
 
-__all__ = ["EmbeddedRisk", "RiskReading", "ServiceRisk", "make_risk_source"]
+__all__ = ["EmbeddedRisk", "ReadingHold", "RiskReading", "ServiceRisk", "make_risk_source"]
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +39,30 @@ _MAX_BACKOFF = 32  # windows skipped, at most, before the service is tried again
 
 @dataclass(frozen=True)
 class RiskReading:
-    """One risk answer: the window's last step, P(collapse within the horizon), its level."""
+    """One risk answer: the window's last step, P(collapse within the horizon), its level,
+    and how long the model's levels want it held."""
 
     step: int
     probability: float
     level: str
     source: str  # "embedded" or "service"
+    hold_steps: int = 0
+
+
+class ReadingHold:
+    """Readings held over their model's ``hold_steps``: each answer becomes the highest
+    of the last ``hold_steps`` steps (its probability and level), as ``predict_run``
+    holds a run file's risk. A reading from a model with another hold (the service
+    fell back, or reloaded) starts the hold afresh."""
+
+    def __init__(self) -> None:
+        self._hold = RiskHold(0)
+
+    def __call__(self, reading: RiskReading) -> RiskReading:
+        if reading.hold_steps != self._hold.steps:
+            self._hold = RiskHold(reading.hold_steps)
+        p, level = self._hold.update(reading.step, reading.probability, reading.level)
+        return replace(reading, probability=p, level=level)
 
 
 class EmbeddedRisk:
@@ -54,13 +77,16 @@ class EmbeddedRisk:
             model = RiskModel.load()
         self.model = model
         self.schema = model.schema
+        # a stand-in model without a hold of its own (levels on raw risk) holds nothing
+        self.hold_steps = int(getattr(model, "hold_steps", 0))
         self._lock = threading.Lock()  # the service worker may score here too
         self._latest: RiskReading | None = None
 
     def score(self, step: int, frame: Any, context: dict[str, float] | None) -> RiskReading:
         with self._lock:
             p = self.model.predict_window(frame, context=context)
-            return RiskReading(step, p, self.model.level(p), self.source)
+            level = self.model.level(p)
+            return RiskReading(step, p, level, self.source, self.hold_steps)
 
     def submit(self, step: int, frame: Any, context: dict[str, float] | None) -> None:
         self._latest = self.score(step, frame, context)
@@ -141,7 +167,7 @@ class ServiceRisk:
                 p, level = float(result.probability), str(result.level)
                 if not (math.isfinite(p) and 0.0 <= p <= 1.0) or level not in LEVELS:
                     raise ValueError(f"garbage answer: probability {p!r}, level {level!r}")
-                answer: Any = RiskReading(step, p, level, self.source)
+                answer: Any = RiskReading(step, p, level, self.source, result.hold_steps)
             except Exception as error:  # any failure of the service falls back
                 answer = (f"{type(error).__name__}: {error}", step, frame, context)
             self._busy = False

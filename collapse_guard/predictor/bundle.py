@@ -68,7 +68,8 @@ def build_default_model(
         result = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
         model = result.model
         model.meta |= {
-            "version": f"default-{result.fingerprint}",
+            # the data, then the model: levels or hold change the answers, not the data
+            "version": f"default-{result.fingerprint}-{model.fingerprint()[:8]}",
             "bundle": {"synthetic": synthetic, "real": len(real_paths), "seed": seed},
         }
         staged = model.save(Path(tmp) / "model")

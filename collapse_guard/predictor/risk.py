@@ -4,6 +4,10 @@
 >>> risk = model.predict_run(frame)           # pd.Series: P(collapse within horizon) by step
 >>> model.level(risk.iloc[-1]), model.thresholds
 
+The levels are set on the risk held over ``hold_steps`` steps (:mod:`.hold`), which
+``predict_run`` gives; ``predict_window`` gives one window's own risk, which a loop holds
+with :class:`~collapse_guard.predictor.hold.RiskHold` (the guard does).
+
 A model is a folder of two plain files, never a pickle:
 
 ====================  =========================================================
@@ -11,7 +15,8 @@ file                  what
 ====================  =========================================================
 ``model.txt``         the LightGBM booster, as ``Booster.model_to_string()``
 ``risk_model.json``   format version, feature schema, calibration, level
-                      thresholds and budgets, horizon, and ``meta`` (name,
+                      thresholds and budgets, horizon, hold steps (absent in
+                      older files: 0, no hold), and ``meta`` (name,
                       version, trained_at, data and schema fingerprints, ...)
 ====================  =========================================================
 
@@ -22,6 +27,7 @@ that says how to fix it, never silently wrong probabilities.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +40,7 @@ import pandas as pd
 from collapse_guard.features import FEATURE_VERSION, FeatureExtractor, FeatureSchema
 from collapse_guard.predictor import store
 from collapse_guard.predictor.calibration import Calibrator
+from collapse_guard.predictor.hold import hold_risk
 from collapse_guard.predictor.levels import DEFAULT_BUDGETS, LEVELS, level_of
 from collapse_guard.predictor.model import check_feature_names
 
@@ -61,7 +68,7 @@ class RiskModel:
 
     Build one with :func:`collapse_guard.predictor.train.train_risk_model` or load
     one with :meth:`load`. Probabilities are calibrated; ``thresholds`` are on the
-    same calibrated scale.
+    same calibrated scale, for the risk held over ``hold_steps`` steps.
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class RiskModel:
         *,
         horizon: int,
         budgets: Mapping[str, float] = DEFAULT_BUDGETS,
+        hold_steps: int = 0,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
         check_feature_names(schema.names, booster.feature_name())
@@ -82,6 +90,7 @@ class RiskModel:
         self._thresholds = {k: float(v) for k, v in thresholds.items()}
         self.horizon = int(horizon)
         self.budgets = dict(budgets)
+        self.hold_steps = int(hold_steps)
         self.extractor = FeatureExtractor(window=schema.window, signals=schema.signals)
         self.meta = {
             "name": MODEL_NAME,
@@ -137,17 +146,26 @@ class RiskModel:
         return self.calibrator.transform(self.raw_features(X))
 
     def predict_run(
-        self, frame: pd.DataFrame, *, stride: int = 1, steps: Sequence[int] | None = None
+        self,
+        frame: pd.DataFrame,
+        *,
+        stride: int = 1,
+        steps: Sequence[int] | None = None,
+        held: bool = True,
     ) -> pd.Series:
         """P(collapse within ``horizon``) at every ``stride``-th step of a run.
 
         ``frame``: column ``step`` plus whatever signal columns the run has (missing
         signals are NaN features). Steps run over the whole range, gaps included, unless
         ``steps`` names the window ends (e.g. ``frame["step"]``: only recorded rows).
+        ``held``: each step's risk is the highest of the last ``hold_steps`` steps' (what
+        the levels are set on); False: each window's own, as ``predict_window`` gives it.
         Returns a Series indexed by step, named ``p_collapse``.
         """
         feats = self.extractor.transform_run(frame, stride=stride, steps=steps)
         p = self.predict_features(feats)
+        if held:
+            p = hold_risk(feats.index, p, self.hold_steps)
         return pd.Series(p, index=feats.index, name="p_collapse")
 
     def predict_window(
@@ -189,6 +207,21 @@ class RiskModel:
         order = np.argsort(-np.abs(contrib), kind="stable")[:k]
         return [(self.schema.names[i], float(contrib[i])) for i in order]
 
+    def fingerprint(self) -> str:
+        """16 hex digits of what decides every answer: trees, calibration, levels, hold.
+
+        The data fingerprint alone names the runs, not the model: the same runs with
+        other levels or another hold give other alarms."""
+        answers = {
+            "calibration": self.calibrator.to_dict(),
+            "thresholds": self._thresholds,
+            "hold_steps": self.hold_steps,
+            "horizon": self.horizon,
+        }
+        digest = hashlib.sha256(self.booster.model_to_string().encode())
+        digest.update(json.dumps(answers, sort_keys=True, default=_json_default).encode())
+        return digest.hexdigest()[:16]
+
     # ------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:
         """Write ``model.txt`` and ``risk_model.json`` into ``folder`` (created)."""
@@ -202,6 +235,7 @@ class RiskModel:
             "thresholds": self._thresholds,
             "budgets": self.budgets,
             "horizon": self.horizon,
+            "hold_steps": self.hold_steps,
             "meta": self.meta,
         }
         text = json.dumps(spec, indent=2, sort_keys=True, default=_json_default)
@@ -261,6 +295,7 @@ class RiskModel:
             spec["thresholds"],
             horizon=spec["horizon"],
             budgets=spec.get("budgets", DEFAULT_BUDGETS),
+            hold_steps=spec.get("hold_steps", 0),  # before the hold: levels on raw risk
             meta=spec.get("meta", {}),
         )
         model.meta["source"] = str(folder)
@@ -269,7 +304,8 @@ class RiskModel:
     def __repr__(self) -> str:
         return (
             f"RiskModel(name={self.meta['name']!r}, version={self.meta['version']!r}, "
-            f"horizon={self.horizon}, schema={self.schema.fingerprint}, "
+            f"horizon={self.horizon}, hold_steps={self.hold_steps}, "
+            f"schema={self.schema.fingerprint}, "
             f"thresholds={self._thresholds})"
         )
 

@@ -113,6 +113,7 @@ def _info(scorer: Scorer, source: str, alias: str | None) -> ModelInfo:
         alias=alias,
         source=source,
         horizon=model.horizon,
+        hold_steps=model.hold_steps,
         feature_schema=SchemaInfo(
             version=schema.version,
             window=schema.window,

@@ -123,6 +123,7 @@ class Scorer:
         factors = self._top_factors(X, top_k) if top_k > 0 else [[] for _ in probabilities]
         common = {
             "horizon": self.model.horizon,
+            "hold_steps": self.model.hold_steps,
             "model_name": self.name,
             "model_version": self.version,
         }

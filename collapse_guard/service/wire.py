@@ -90,6 +90,10 @@ class RiskResult(BaseModel):
     probability: float = Field(description="Calibrated P(collapse within `horizon` steps).")
     level: Level
     horizon: int
+    hold_steps: int = Field(
+        description="The model's levels are set on the risk held this many steps: a loop "
+        "alarms on the highest level it was told in its last `hold_steps` steps."
+    )
     model_name: str
     model_version: str
     top_factors: list[Factor]
@@ -142,6 +146,7 @@ class ModelInfo(BaseModel):
     alias: str | None = Field(description="The registry alias it was loaded by, if any.")
     source: str = Field(description="What was loaded: 'default', a folder or a models:/ URI.")
     horizon: int
+    hold_steps: int = Field(description="The levels are for the risk held this many steps.")
     feature_schema: SchemaInfo
     levels: list[str]
     thresholds: dict[str, float]

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # guard_helpers
 class FixedRisk:
     """A RiskModel stand-in answering one level (the real schema, so the context works)."""
 
+    hold_steps = 0  # each answer as it comes: a test sets the level it wants
+
     def __init__(self, schema, level: str = "ok", probability: float = 0.5) -> None:
         self.schema, self.fixed, self.p = schema, level, probability
         self.calls = 0

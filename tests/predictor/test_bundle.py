@@ -45,7 +45,7 @@ def test_bundle_writes_a_small_loadable_model(
     model = RiskModel.load(out)
     # named by the training's one data fingerprint
     fingerprint = training(tmp_path_factory.getbasetemp()).fingerprint
-    assert model.meta["version"] == f"default-{fingerprint}"
+    assert model.meta["version"] == f"default-{fingerprint}-{model.fingerprint()[:8]}"
     assert model.meta["bundle"] == {"synthetic": N_RUNS, "real": N_RUNS, "seed": SEED}
     printed = capsys.readouterr().out
     assert "default model" in printed and "dsi" in printed

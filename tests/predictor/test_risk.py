@@ -11,6 +11,7 @@ import pytest
 
 from collapse_guard.features import RunContext, reading
 from collapse_guard.predictor import risk as risk_module
+from collapse_guard.predictor.hold import DEFAULT_HOLD_STEPS, hold_risk
 from collapse_guard.predictor.risk import ModelFormatError, RiskModel
 from collapse_guard.signals import SIGNAL_NAMES
 
@@ -26,7 +27,7 @@ def frame(run_records):
 
 
 def test_predict_window_equals_predict_run_at_that_step(model, frame):
-    risk = model.predict_run(frame)
+    risk = model.predict_run(frame, held=False)
     assert risk.name == "p_collapse" and risk.index.name == "step"
     assert len(risk) == frame["step"].iloc[-1] - frame["step"].iloc[0] + 1
     for step in frame["step"].to_numpy()[[0, 5, 250, -1]]:
@@ -39,7 +40,7 @@ def test_predict_window_equals_predict_run_at_that_step(model, frame):
 
 def test_live_context_with_the_last_window_gives_the_run_risk(model, frame):
     # the guard's and the service's way: the last window plus the live RunContext
-    risk = model.predict_run(frame)
+    risk = model.predict_run(frame, held=False)
     ctx = RunContext.from_schema(model.schema)
     signals = [c for c in frame.columns if c in SIGNAL_NAMES]
     ends, contexts, tails = frame["step"].to_numpy()[[10, 400, -1]], [], []
@@ -78,6 +79,35 @@ def test_subset_of_signals_still_predicts(model, frame):
     assert np.isfinite(p).all()
 
 
+def test_the_run_risk_is_held_over_the_models_hold_steps(model, frame):
+    assert model.hold_steps == DEFAULT_HOLD_STEPS == 50
+    raw, held = model.predict_run(frame, held=False), model.predict_run(frame)
+    np.testing.assert_array_equal(held, hold_risk(raw.index, raw.to_numpy(), 50))
+    assert (held >= raw).all() and (held > raw).mean() > 0.1  # the hold does hold
+
+
+def test_a_model_file_without_a_hold_loads_as_raw_risk(model, frame, tmp_path):
+    folder = model.save(tmp_path / "m")
+    spec_path = folder / "risk_model.json"
+    spec = json.loads(spec_path.read_text())
+    assert spec["hold_steps"] == 50
+    del spec["hold_steps"]  # a model saved before the hold: its levels are on raw risk
+    spec_path.write_text(json.dumps(spec))
+    older = RiskModel.load(folder)
+    assert older.hold_steps == 0
+    np.testing.assert_array_equal(older.predict_run(frame), model.predict_run(frame, held=False))
+
+
+def test_the_fingerprint_names_the_answers_not_only_the_data(model, tmp_path):
+    copy = RiskModel.load(model.save(tmp_path / "m"))
+    assert copy.fingerprint() == model.fingerprint()
+    copy.hold_steps = 25
+    assert copy.fingerprint() != model.fingerprint()
+    copy.hold_steps = model.hold_steps
+    copy.with_thresholds({**model.thresholds, "warn": model.thresholds["warn"] + 1e-6})
+    assert copy.fingerprint() != model.fingerprint()
+
+
 def test_save_load_round_trip_is_plain_text(model, frame, tmp_path):
     folder = model.save(tmp_path / "m")
     assert sorted(p.name for p in folder.iterdir()) == ["model.txt", "risk_model.json"]
@@ -86,7 +116,7 @@ def test_save_load_round_trip_is_plain_text(model, frame, tmp_path):
         loaded.predict_run(frame, stride=7).to_numpy(),
         model.predict_run(frame, stride=7).to_numpy(),
     )
-    assert loaded.thresholds == model.thresholds
+    assert loaded.thresholds == model.thresholds and loaded.hold_steps == model.hold_steps
     for key in ("name", "version", "schema_fingerprint", "horizon", "data_fingerprint"):
         assert loaded.meta[key] == model.meta[key]
     assert (folder / "model.txt").stat().st_size < 5_000_000

@@ -44,6 +44,7 @@ def variant_dir(tmp_path_factory, default_model):
         m.thresholds,
         horizon=m.horizon,
         budgets=m.budgets,
+        hold_steps=m.hold_steps,
         meta=meta,
     )
     return variant.save(tmp_path_factory.mktemp("variant") / "model")

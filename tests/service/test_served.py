@@ -41,6 +41,7 @@ def test_risk_equals_the_embedded_model_to_the_bit(client, frames, default_model
         assert r.level == default_model.level(p)
         assert r.step == int(frame["step"].iloc[-1])
         assert r.horizon == default_model.horizon == 200
+        assert r.hold_steps == default_model.hold_steps == 50  # how long a loop holds it
         assert r.model_version == default_model.meta["version"]
         sizes = [abs(f.contribution) for f in r.top_factors]
         assert len(sizes) == 5 and sizes == sorted(sizes, reverse=True)
@@ -99,6 +100,7 @@ def test_model_route_describes_the_serving_model(client, default_model):
     assert info.feature_schema.fingerprint == default_model.schema.fingerprint
     assert info.feature_schema.names == list(default_model.schema.names)
     assert info.thresholds == default_model.thresholds
+    assert info.hold_steps == default_model.hold_steps == 50
     assert info.levels == ["ok", "watch", "warn", "critical"]
     assert info.trained_at == default_model.meta["trained_at"]
     assert "split" not in info.meta  # hundreds of run ids: bookkeeping, not information
