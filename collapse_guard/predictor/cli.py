@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.hold import DEFAULT_HOLD_STEPS
 from collapse_guard.predictor.model_source import MODEL_HELP, load_risk_model
 
 # light: rich is imported only when a table is built
@@ -34,6 +35,17 @@ _RUNS = typer.Option(
     "--runs A B or --runs A --runs B.",
 )
 _MODEL = typer.Option("--model", help=MODEL_HELP)
+_HOLD = typer.Option(
+    help="The levels are set on the risk held this many steps (the highest window risk of "
+    "the last N steps; 0: each window's own). Training, and --leave-one-out's models."
+)
+
+
+def _check_hold(hold_steps: int) -> None:
+    if hold_steps < 0:
+        raise UserInputError(
+            f"--hold-steps must be 0 or more steps; got {hold_steps}", "e.g. --hold-steps 50"
+        )
 
 
 def train_command(
@@ -50,6 +62,7 @@ def train_command(
     register: Annotated[
         bool, typer.Option(help="Register in MLflow as collapse-predictor; promote if better.")
     ] = True,
+    hold_steps: Annotated[int, _HOLD] = DEFAULT_HOLD_STEPS,
 ) -> None:
     """Train a risk model, log it to MLflow, register it and promote it if it beats the champion.
 
@@ -65,6 +78,7 @@ def train_command(
     from collapse_guard.predictor.train import train_risk_model
     from collapse_guard.predictor.training_data import find_run_files
 
+    _check_hold(hold_steps)
     console = Console()
     paths = find_run_files(runs)
     console.log(f"{len(paths)} run files")
@@ -76,11 +90,13 @@ def train_command(
         cluster = nullcontext()
     with cluster as client:
         rows = {"rows": fleet.rows_on(client)} if dask else {}
-        result = train_risk_model(paths, seed=seed, progress=console.log, **rows)
+        result = train_risk_model(
+            paths, seed=seed, hold_steps=hold_steps, progress=console.log, **rows
+        )
     print_report(console, result.report, "test runs")
     record = registry.log_result(
         result,
-        params={"n_run_files": len(paths), "dask": dask or "no"},
+        params={"n_run_files": len(paths), "dask": dask or "no", "hold_steps": hold_steps},
         experiment=experiment,
         register=register,
     )
@@ -125,6 +141,7 @@ def evaluate_command(
     budget: Annotated[
         float, typer.Option(help="False alarms per 10k healthy steps of the ROC-like rows.")
     ] = 1.0,
+    hold_steps: Annotated[int, _HOLD] = DEFAULT_HOLD_STEPS,
 ) -> None:
     """Evaluate a model beside the baselines on runs it never saw, per source.
 
@@ -145,11 +162,19 @@ def evaluate_command(
             f"--budget must be a positive number of false alarms per 10k; got {budget}",
             "e.g. --budget 1",
         )
+    _check_hold(hold_steps)
     records = load_runs(find_run_files(runs))
     if leave_one_out is not None:
         if model is not None:
             console.print("note: --leave-one-out trains its own models; --model is not used")
-        _leave_one_out(console, records, leave_one_out, synthetic=synthetic, budget=budget)
+        _leave_one_out(
+            console,
+            records,
+            leave_one_out,
+            synthetic=synthetic,
+            budget=budget,
+            hold_steps=hold_steps,
+        )
         return
 
     risk_model = load_risk_model(model)
@@ -201,7 +226,9 @@ def evaluate_command(
         )
 
 
-def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: float) -> None:
+def _leave_one_out(
+    console, records, grouping: str, *, synthetic: bool, budget: float, hold_steps: int
+) -> None:
     from collapse_guard.predictor.evaluation import SETUP_GROUPINGS, leave_one_group_out
 
     if grouping not in SETUP_GROUPINGS:
@@ -210,7 +237,12 @@ def _leave_one_out(console, records, grouping: str, *, synthetic: bool, budget: 
         )
     try:
         holdout = leave_one_group_out(
-            records, by=grouping, synthetic=synthetic, budget_per_10k=budget, progress=console.log
+            records,
+            by=grouping,
+            synthetic=synthetic,
+            budget_per_10k=budget,
+            hold_steps=hold_steps,
+            progress=console.log,
         )
     except ValueError as error:  # e.g. a grouping with one value: nothing to hold out
         raise UserInputError(f"--leave-one-out {grouping}: {error}") from error

@@ -281,6 +281,7 @@ def train_risk_model(
     params: Mapping[str, Any] | None = None,
     signals: Sequence[str] = MODEL_SIGNALS,
     levels_by: str | None = "family",
+    hold_steps: int = DEFAULT_HOLD_STEPS,
     progress: Callable[[str], None] | None = None,
     rows: RowBuilder = build_training_data,
 ) -> TrainingResult:
@@ -300,6 +301,7 @@ def train_risk_model(
         levels_by: the levels come from each ``levels_by`` group's healthy runs scored by
             a model fitted without that group (``crossfit``; one extra fit per group);
             ``None``: from the healthy validation runs alone.
+        hold_steps: the levels are set on the risk held this many steps (``hold``).
         progress: called with a line of text after each stage (e.g. ``print``).
         rows: builds the training rows of a list of runs; ``build_training_data`` here,
             ``predictor.fleet.rows_on(client)`` to compute them on a Dask cluster.
@@ -330,6 +332,7 @@ def train_risk_model(
         params=params,
         signals=signals,
         rows=rows,
+        hold_steps=hold_steps,
     )
     _log(
         progress,

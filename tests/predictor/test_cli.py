@@ -64,6 +64,7 @@ def test_no_runs_says_how_to_make_some(tmp_path):
     [
         (["--budget", "0"], "--budget must be a positive number"),
         (["--leave-one-out", "colour"], "--leave-one-out must be one of"),
+        (["--leave-one-out", "family", "--hold-steps", "-1"], "--hold-steps must be 0 or more"),
     ],
 )
 def test_the_commands_own_checks_raise_user_input_errors(tmp_path, runs_dir, args, words):
@@ -87,6 +88,7 @@ def test_train_logs_registers_and_promotes(
     assert "now champion" in result.output
     assert len(cached_training[0]["paths"]) == len(list(runs_dir.glob("*.parquet")))
     assert "rows" not in cached_training[0]
+    assert cached_training[0]["hold_steps"] == 50  # the levels on the risk held 50 steps
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("cli-train")
@@ -133,10 +135,12 @@ def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
     monkeypatch.setattr(fleet, "fleet_client", no_cluster)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory.getbasetemp()))
     args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
+    args += ["--hold-steps", "20"]
     result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
     assert result.exit_code == 0, result.output
     rows = cached_training[0]["rows"]
     assert rows.func is fleet.cluster_rows and rows.keywords == {"client": "client for local"}
+    assert cached_training[0]["hold_steps"] == 20
     assert "not registered" in result.output
 
 
