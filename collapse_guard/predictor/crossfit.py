@@ -1,4 +1,4 @@
-"""Alarm levels that hold on a set-up the model never saw: cross-fitted healthy scores.
+"""Alarm levels that hold on a set-up the model never saw: cross-fitted scores.
 
 Levels set on the healthy validation runs of the families a model trained on hold their
 budget on those families, not on a new one. A user's run is a new set-up, and the model
@@ -8,16 +8,16 @@ steps on the held-out family, against a budget of 1 (issue 8).
 
 So the levels are set on what a new set-up looks like to the model. For each family
 among the training runs, a model is fitted without it (the same pipeline and seed), and
-that family's healthy runs, training and validation alike, are scored by it. The
-thresholds are then set from these out-of-family scores (``levels.thresholds_from_budgets``),
-each family holding the budget on its own, as each source does (``train.set_levels``).
-The shipped model is still the one fitted on every training run; the fold models only
-score. Measured leave-one-family-out at 526 runs, with the 50-step hold (``hold``),
-``warn`` then raised 0.9-2.3 false alarms per 10k healthy steps on each held-out family
-(benchmarks/README.md): closer to the budget, not always within it.
+that family's runs, training and validation alike, are scored by it. The thresholds are
+then set on the healthy steps of these out-of-family scores (``train.set_levels``: all
+of a healthy run, a collapsing one's before onset - horizon), each family holding the
+budget on its own, as each source does. The shipped model is still the one fitted on
+every training run; the fold models only score. Measured leave-one-family-out at 526
+runs, ``warn`` then raised 0.3-1.9 false alarms per 10k healthy steps on each held-out
+family (benchmarks/README.md): closer to the budget, not always within it.
 
 Synthetic runs have no family and are always trained on (``evaluation.holdout``'s
-rule); their source keeps the shipped model's scores on its healthy validation runs.
+rule); their source keeps the shipped model's scores on its validation runs.
 Fewer than two families, or a family without which no model can be fitted and
 calibrated (no collapsed run left in the training or validation part), and the levels
 fall back to the validation runs alone; ``CrossFit.reason`` says why.
@@ -39,10 +39,11 @@ __all__ = ["CrossFit", "cross_fitted_scores"]
 
 @dataclass
 class CrossFit:
-    """Healthy runs scored by models that never saw their group, or why there are none.
+    """Runs scored by models that never saw their group, or why there are none.
 
-    ``runs``: the healthy runs whose scores set the levels (held-out groups' runs scored
-    out of group, plus the never-held-out sources' healthy validation runs);
+    ``runs``: the runs whose healthy steps set the levels (``train.set_levels``: all of a
+    healthy run, a collapsing one's before onset - horizon): held-out groups' runs scored
+    out of group, plus the never-held-out sources' validation runs;
     ``scores``: run id -> per-row scores for the runs scored out of group (the others
     are scored by the shipped model).
     """
@@ -77,7 +78,7 @@ def cross_fitted_scores(
     *,
     by: str = "family",
 ) -> CrossFit:
-    """Score each group's healthy runs with a model ``fit`` without that group.
+    """Score each group's runs with a model ``fit`` without that group.
 
     ``fit(train, val)`` returns a fitted model (``RiskModel.predict_run``), no levels
     needed. Runs are ``RunRecord``s; groups are ``evaluation.groups.held_out_group``.
@@ -100,8 +101,8 @@ def cross_fitted_scores(
     for g, (train, val) in folds.items():
         scorer = ModelScorer(fit(train, val))
         for run in runs:
-            if group[run.run_id] == g and not run.collapsed:
+            if group[run.run_id] == g:
                 out.scores[run.run_id] = scorer.score_run(run.frame)
                 out.runs.append(run)
-    out.runs += [r for r in val_runs if group[r.run_id] in NEVER_HELD_OUT and not r.collapsed]
+    out.runs += [r for r in val_runs if group[r.run_id] in NEVER_HELD_OUT]
     return out

@@ -3,9 +3,15 @@
 Rows: the feature vector at every ``stride``-th step of a run (the window ending at
 that step), with target y = 1 when the run's onset lies in (step, step + horizon]
 (``datasets.label.collapse_targets``). Rows at or after onset are dropped: once a
-run has collapsed there is nothing left to forecast. ``groups`` is the run id of
-each row and ``source`` its data source, so every later step can split, weight or
-report by run and by source.
+run has collapsed there is nothing left to forecast. So are the last ``horizon`` steps
+before a *sudden* onset (``extra["onset_kind"]``: less than 10 steps after its trigger):
+nothing in them foretells it, and as positives they teach the model that healthy-looking
+windows collapse. Measured leave-one-family-out at 526 runs over 3 seeds, recall at a
+threshold fitted for 1 false alarm per 10k healthy steps rose from 0.25 to 0.30 without
+them. Evaluation still counts every sudden collapse: the model's probability is that of
+a collapse that develops, and the sudden ones are missed in the figures, not hidden.
+``groups`` is the run id of each row and ``source`` its data source, so every later step
+can split, weight or report by run and by source.
 
 Why stride 10 by default: neighbouring windows share 199 of 200 steps, so dense rows
 add almost no information but multiply training time; every 10th step keeps ~20
@@ -283,6 +289,8 @@ def run_rows(run: RunRecord, extractor, *, stride: int, horizon: int) -> Trainin
     """One run's training rows (``build_training_data``); None when it has none."""
     all_steps = run.frame["step"].to_numpy()
     _, usable = collapse_targets(all_steps, run.meta.onset_step, horizon)
+    if run.meta.extra.get("onset_kind") == "sudden":  # datasets.real.onset; module docstring
+        usable &= all_steps < run.meta.onset_step - horizon
     chosen = all_steps[usable][::stride]
     if chosen.size == 0:
         return None

@@ -1,4 +1,4 @@
-"""Levels from cross-fitted healthy scores: each family scored by a model that never saw it."""
+"""Levels from cross-fitted scores: each family scored by a model that never saw it."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _runs():
     return train, val
 
 
-def test_every_healthy_run_of_a_family_is_scored_by_a_model_fitted_without_that_family():
+def test_every_run_of_a_family_is_scored_by_a_model_fitted_without_that_family():
     train, val = _runs()
     folds = []
 
@@ -69,15 +69,16 @@ def test_every_healthy_run_of_a_family_is_scored_by_a_model_fitted_without_that_
         {"gpt", "rope_swiglu", None},
         {"gpt", "mha", None},
     ]
-    healthy_real = {r.run_id for r in [*train, *val] if not r.collapsed and r.meta.source == "real"}
-    assert set(cross.scores) == healthy_real  # training and validation runs alike: 6 + 3
-    assert len(healthy_real) == 9
+    # collapsing runs too: their steps before onset - horizon are healthy steps
+    real = {r.run_id for r in [*train, *val] if r.meta.source == "real"}
+    assert set(cross.scores) == real  # training and validation runs alike: 12 + 6
+    assert len(real) == 18
     assert all((s == 2.0).all() for s in cross.scores.values())  # all out of family
-    # synthetic runs are never held out: their healthy validation run is scored by the
-    # shipped model, and the levels see it beside the cross-fitted ones
+    # synthetic runs are never held out: their validation runs are scored by the
+    # shipped model, and the levels see them beside the cross-fitted ones
     synthetic = [r.run_id for r in cross.runs if r.meta.source == "synthetic"]
-    assert synthetic == ["v-None-1"]
-    assert {r.run_id for r in cross.runs} == healthy_real | {"v-None-1"}
+    assert synthetic == ["v-None-0", "v-None-1"]
+    assert {r.run_id for r in cross.runs} == real | set(synthetic)
 
 
 @pytest.mark.parametrize(
@@ -126,9 +127,16 @@ def test_fit_and_level_sets_the_stored_levels_from_the_cross_fitted_scores(famil
         "by": "family",
         "groups": ["gpt", "rope_swiglu"],
     }
-    # the same levels from scratch: each family's healthy runs scored by a model
-    # fitted without it, each family holding the budget on its own; the synthetic
-    # source's healthy validation runs scored by the model
+
+    # the same levels from scratch: each family's runs scored by a model fitted without
+    # it, each family holding the budget on its own; the synthetic source's validation
+    # runs scored by the model; of each run its healthy steps (a collapsing run's before
+    # onset - horizon)
+    def healthy(m, r):
+        steps = r.frame["step"].to_numpy()
+        risk = m.predict_run(r.frame, steps=steps).to_numpy()
+        return risk if r.meta.onset_step is None else risk[steps < r.meta.onset_step - 200]
+
     groups: dict[str, list[np.ndarray]] = {"gpt": [], "rope_swiglu": [], "synthetic": []}
     for family in ("gpt", "rope_swiglu"):
         without = [
@@ -136,13 +144,10 @@ def test_fit_and_level_sets_the_stored_levels_from_the_cross_fitted_scores(famil
         ]
         fold = fit_risk_model(*without, **kwargs)[0]
         for r in [*train, *val]:
-            if r.meta.config.get("family") == family and not r.collapsed:
-                steps = r.frame["step"].to_numpy()
-                groups[family].append(fold.predict_run(r.frame, steps=steps).to_numpy())
-    for r in val:
-        if r.meta.source == "synthetic" and not r.collapsed:
-            steps = r.frame["step"].to_numpy()
-            groups["synthetic"].append(model.predict_run(r.frame, steps=steps).to_numpy())
+            if r.meta.config.get("family") == family:
+                groups[family].append(healthy(fold, r))
+    groups["synthetic"] = [healthy(model, r) for r in val if r.meta.source == "synthetic"]
+    assert sum(r.collapsed for r in [*train, *val]) > 10  # collapsing runs are among them
     per_group = [thresholds_from_budgets(s, BUDGETS) for s in groups.values()]
     expected = {level: max(t[level] for t in per_group) for level in BUDGETS}
     assert model.thresholds == pytest.approx(expected, abs=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -128,6 +130,8 @@ def test_the_headline_is_recorded_at_the_stored_warn_level(trained):
 class _ScoresByRun:
     """Stands in for the model's scoring only: set_levels' aggregation is under test."""
 
+    horizon = 200
+
     def __init__(self, scores: dict[str, np.ndarray]) -> None:
         self.scores, self.meta, self.thresholds = scores, {}, None
 
@@ -162,6 +166,28 @@ def test_each_source_holds_its_budget_so_the_level_is_the_highest_per_source_thr
     assert pooled["watch"] == pytest.approx(0.3904, abs=1e-4)
     assert model.meta["threshold_sources"] == ["real", "synthetic"]
     assert model.meta["threshold_healthy_steps"] == 30_000
+
+
+def test_a_collapsing_runs_steps_before_onset_minus_h_are_healthy_steps_for_the_levels():
+    # as the evaluation counts false alarms: an alarm 300 steps before onset is false,
+    # one 100 steps before is a catch. Three high steps of each kind in a collapsing run
+    rng = np.random.default_rng(1)
+    healthy = rng.uniform(0.0, 0.3, 5_000)
+    collapsing = rng.uniform(0.0, 0.3, 1_000)
+    collapsing[[100, 300, 500]] = 0.9  # before onset - H (800 - 200): count
+    collapsing[[650, 700, 750]] = 0.95  # in the horizon: do not
+    collapsing[850:] = 1.0  # after onset: nothing
+    model = _ScoresByRun({"h": healthy, "c": collapsing})
+    c = _healthy("c", "real", collapsing.size)
+    c = RunRecord(c.frame, dataclasses.replace(c.meta, onset_step=800))
+    budgets = {"watch": 10, "warn": 100, "critical": 1000}
+    set_levels(model, [_healthy("h", "real", healthy.size), c], budgets)
+    counted = [healthy, collapsing[:600]]
+    assert model.thresholds == thresholds_from_budgets(counted, budgets)
+    assert model.meta["threshold_healthy_steps"] == 5_600
+    # 3 episodes in 5,600 healthy steps are within critical's budget of one per 1,000
+    # steps at 0.9, and none come from the horizon's 0.95 or the collapse's 1.0
+    assert model.thresholds["critical"] <= 0.9
 
 
 def test_synthetic_runs_alone_set_the_levels_on_validation_runs_and_say_why(trained):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -78,6 +80,24 @@ def test_rows_stop_before_onset_and_no_test_window_is_trained_on(run_records):
         assert np.all(np.diff(steps) >= 10)  # every 10th recorded step
     assert data.y.sum() > 0 and list(data.X.columns) == list(FeatureExtractor().schema.names)
     assert set(data.source) == {"synthetic"}
+
+
+def test_a_sudden_collapse_gives_no_positive_rows_and_one_that_develops_does(run_records):
+    collapsed = max(run_records, key=lambda r: r.meta.onset_step or 0)
+    onset = collapsed.meta.onset_step
+    assert onset > HORIZON + 100  # rows before onset - H exist to keep
+    as_kind = {
+        kind: RunRecord(collapsed.frame, replace(collapsed.meta, extra={"onset_kind": kind}))
+        for kind in ("develops", "sudden")
+    }
+    develops = build_training_data([as_kind["develops"]], FeatureExtractor(), stride=10)
+    sudden = build_training_data([as_kind["sudden"]], FeatureExtractor(), stride=10)
+    assert develops.y.sum() >= 15  # ~20 rows in the last 200 steps at stride 10
+    # the sudden one: the same early rows, healthy, and nothing of its last H steps
+    assert sudden.y.sum() == 0 and sudden.steps.max() < onset - HORIZON
+    early = develops.steps < onset - HORIZON
+    np.testing.assert_array_equal(sudden.steps, develops.steps[early])
+    pd.testing.assert_frame_equal(sudden.X, develops.X[early].reset_index(drop=True))
 
 
 def test_fingerprint_ignores_order_but_not_labels_or_lengths():
