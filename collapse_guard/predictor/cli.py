@@ -142,6 +142,13 @@ def evaluate_command(
         float, typer.Option(help="False alarms per 10k healthy steps of the ROC-like rows.")
     ] = 1.0,
     hold_steps: Annotated[int, _HOLD] = DEFAULT_HOLD_STEPS,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="With --leave-one-out: seeds each model's split and LightGBM (figures "
+            "move between seeds; compare methods over several)."
+        ),
+    ] = 0,
 ) -> None:
     """Evaluate a model beside the baselines on runs it never saw, per source.
 
@@ -174,6 +181,7 @@ def evaluate_command(
             synthetic=synthetic,
             budget=budget,
             hold_steps=hold_steps,
+            seed=seed,
         )
         return
 
@@ -227,7 +235,7 @@ def evaluate_command(
 
 
 def _leave_one_out(
-    console, records, grouping: str, *, synthetic: bool, budget: float, hold_steps: int
+    console, records, grouping: str, *, synthetic: bool, budget: float, hold_steps: int, seed: int
 ) -> None:
     from collapse_guard.predictor.evaluation import SETUP_GROUPINGS, leave_one_group_out
 
@@ -242,6 +250,7 @@ def _leave_one_out(
             synthetic=synthetic,
             budget_per_10k=budget,
             hold_steps=hold_steps,
+            seed=seed,
             progress=console.log,
         )
     except ValueError as error:  # e.g. a grouping with one value: nothing to hold out

@@ -222,6 +222,22 @@ def test_evaluate_bad_leave_one_out_is_one_line(runs_dir):
     assert result.exit_code == 2 and "at least two family values" in result.output
 
 
+def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_dir, monkeypatch):
+    import collapse_guard.predictor.evaluation as evaluation
+
+    calls = []
+
+    def capture(records, **kwargs):  # the training itself is test_holdout's
+        calls.append(kwargs)
+        raise ValueError("captured")
+
+    monkeypatch.setattr(evaluation, "leave_one_group_out", capture)
+    args = ["--leave-one-out", "family", "--seed", "3", "--hold-steps", "20"]
+    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args])
+    assert result.exit_code == 2 and "captured" in result.output
+    assert calls[0]["seed"] == 3 and calls[0]["hold_steps"] == 20 and calls[0]["by"] == "family"
+
+
 def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):
     from collapse_guard.predictor.risk import RiskModel
 
