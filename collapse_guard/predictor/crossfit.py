@@ -13,7 +13,7 @@ then set on the healthy steps of these out-of-family scores (``train.set_levels`
 of a healthy run, a collapsing one's before onset - horizon), each family holding the
 budget on its own, as each source does. The shipped model is still the one fitted on
 every training run; the fold models only score. Measured leave-one-family-out at 526
-runs, ``warn`` then raised 0.3-1.9 false alarms per 10k healthy steps on each held-out
+runs, ``warn`` then raised 0.35-1.9 false alarms per 10k healthy steps on each held-out
 family (benchmarks/README.md): closer to the budget, not always within it.
 
 Synthetic runs have no family and are always trained on (``evaluation.holdout``'s
