@@ -229,6 +229,7 @@ class Guard:
         run["events"] = [list(e) for e in self.events]
         run["loop_lrs"] = list(self.loop_lrs)
         run["run_id"] = self.run_id  # the run file a resumed run continues
+        run["risk_hold"] = self._hold.state_dict()  # a warning held before resuming holds on
         return {"version": STATE_VERSION, "run": run, "trajectory": self._trajectory_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Guard:
@@ -244,6 +245,8 @@ class Guard:
         self.events = [(int(s), str(e)) for s, e in state["run"]["events"]]
         self.loop_lrs.clear()
         self.loop_lrs.extend(float(lr) for lr in state["run"]["loop_lrs"])
+        if "risk_hold" in state["run"]:  # absent in checkpoints saved before the hold
+            self._hold.load_state_dict(state["run"]["risk_hold"])
         self._load_trajectory(state["trajectory"])
         self.probe.step = self.step_index
         return self

@@ -64,6 +64,12 @@ class ReadingHold:
         p, level = self._hold.update(reading.step, reading.probability, reading.level)
         return replace(reading, probability=p, level=level)
 
+    def state_dict(self) -> dict[str, Any]:
+        return self._hold.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._hold = RiskHold(0).load_state_dict(state)
+
 
 class EmbeddedRisk:
     """The risk model in this process (default: the bundled one, ``RiskModel.load()``)."""

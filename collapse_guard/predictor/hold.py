@@ -60,6 +60,15 @@ class RiskHold:
         _, held, held_item = self._recent[0]
         return held, held_item
 
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values (a checkpoint loads them with ``weights_only=True``)."""
+        return {"steps": self.steps, "recent": [list(entry) for entry in self._recent]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> RiskHold:
+        self.steps = int(state["steps"])
+        self._recent = deque((int(s), float(p), item) for s, p, item in state["recent"])
+        return self
+
 
 def hold_risk(steps: Sequence[int] | np.ndarray, risk: np.ndarray, hold_steps: int) -> np.ndarray:
     """A run's risks (one per step, steps rising) held over ``hold_steps`` steps."""

@@ -61,3 +61,31 @@ def test_the_guard_stays_at_warn_while_the_hold_lasts(tmp_path, risk_model):
     warned = [s for s, level in enumerate(levels) if level == "warn"]
     assert warned == list(range(10, 60))
     assert [p for _, p in guard.risk_readings] == [0.9] * 5 + [0.1] * 6
+
+
+class QuietRisk(FlickeringRisk):
+    """The same model after a resume: ok at every reading."""
+
+    def predict_window(self, frame, context=None) -> float:
+        return 0.1
+
+
+def test_a_held_warning_holds_on_across_a_resume(tmp_path, risk_model):
+    model, opt = tiny_model()
+    first = Guard(model, opt, tmp_path, risk=FlickeringRisk(risk_model.schema))
+    loop = Loop()
+    for _ in range(30):  # the warn of step 9 is held from step 10
+        first.step(loop.loss(model))
+        opt.zero_grad()
+    state = first.state_dict()
+    first.close()
+    second = Guard(model, opt, tmp_path / "resumed", risk=QuietRisk(risk_model.schema))
+    second.load_state_dict(state)
+    levels = []
+    for _ in range(40):  # steps 30-69: readings at 39, 49, 59 are ok
+        second.step(loop.loss(model))
+        opt.zero_grad()
+        levels.append(second.level)
+    second.close()
+    warned = [30 + i for i, level in enumerate(levels) if level == "warn"]
+    assert warned == list(range(30, 60))  # held until the reading of step 59

@@ -68,3 +68,14 @@ def test_the_first_alarm_comes_at_the_same_step_held_or_not():
 def test_negative_hold_is_refused():
     with pytest.raises(ValueError, match="hold steps must be >= 0, got -1"):
         RiskHold(-1)
+
+
+def test_a_hold_restored_from_its_state_answers_as_the_original():
+    rng = np.random.default_rng(2)
+    steps, risk = np.arange(0, 300, 7), rng.random(43)
+    original = RiskHold(50)
+    for s, p in zip(steps[:20], risk[:20], strict=True):
+        original.update(int(s), float(p), item=f"level-{s}")
+    restored = RiskHold(0).load_state_dict(original.state_dict())
+    for s, p in zip(steps[20:], risk[20:], strict=True):
+        assert restored.update(int(s), float(p)) == original.update(int(s), float(p))
