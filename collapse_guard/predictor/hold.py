@@ -2,7 +2,7 @@
 
 A window's risk flickers around a level as the window slides: on held-out families, at
 the stored `warn` level, most false alarms came in bursts of 2-9 episodes on the same
-healthy run, minutes apart (benchmarks/README.md, "The risk hold"). A loop alarms on the
+run (benchmarks/README.md, "The shipped model", 1.). A loop alarms on the
 risk held over ``hold_steps`` steps, so a flicker is one alarm, not five; the model's
 levels are set on the same held risk (``train.set_levels``), so they keep their
 false-alarm budgets under it. Measured leave-one-family-out at 526 runs: a 50-step hold
