@@ -20,6 +20,8 @@ Printed:
 3. caught collapses per kind, cause and onset (``sudden`` apart from ``develops``), and
    per model family / optimizer / data where there are several;
 4. the lead per signal family (``evaluation.family_leads``), and a line per kind missed;
+   per optimizer, model family and data, the collapses that develop beside the group's
+   own healthy runs (``evaluation.setup_lead_table``);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
    each family and the mean beside the baselines (``evaluation.leave_one_group_out``).
@@ -183,6 +185,24 @@ def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[di
             row[family] = _pair(group.loc[family, "share"], group.loc[family, "median_lead"])
         rows.append(row)
     return rows
+
+
+def setup_family_rows(leads, by: str) -> list[dict]:
+    """Per set-up group (``by``: optimizer, model_family, data), its collapses that develop
+    beside its own healthy runs: runs, then per signal family the share that departed in
+    time (``evaluation.setup_lead_table``); families no run measured are left out."""
+    from collapse_guard.predictor.evaluation import setup_lead_table
+
+    table = setup_lead_table(leads, by=by).dropna(axis=1, how="all")
+    return [
+        {
+            by: group,
+            "runs": "healthy" if control else "develop",
+            "n": int(row["runs"]),
+            **{f: _pair(row[f], None) for f in table.columns if f != "runs"},
+        }
+        for (group, control), row in table.iterrows()
+    ]
 
 
 def missed_lines(report, leads, by: str = "kind", target: float = TARGET_RECALL) -> list[str]:
@@ -386,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"lead per signal family ({source}), by {by}: share of collapses warned >= "
                 f"{report.min_lead} steps ahead (median lead)",
                 family_rows(report, leads, by, source),
+                md,
+            )
+    for by in ("optimizer", "model_family", "data"):
+        if leads[by].nunique() > 1:
+            _print_table(
+                console,
+                f"lead per signal family per {by}: share of collapses that develop, and of "
+                f"the {by}'s healthy runs, departing >= {report.min_lead} steps ahead",
+                setup_family_rows(leads, by),
                 md,
             )
     multiples = {

@@ -26,6 +26,7 @@ from collapse_guard.predictor.evaluation import (
     group_metrics,
     healthy_sequences,
     row_metrics,
+    setup_lead_table,
     threshold_at_budget,
 )
 from collapse_guard.predictor.levels import episode_counts
@@ -336,6 +337,45 @@ def test_family_lead_is_the_first_departure_from_the_runs_own_range():
     assert table.loc["gradient", "share"] == 1.0 and table.loc["gradient", "median_lead"] == 120
     assert table.loc["output", "warned"] == 0  # 5 steps ahead is less than MIN_LEAD
     assert table.loc["update", "share"] == 0.0 and table.loc["amp", "n"] == 0
+
+
+def test_setup_lead_table_reads_each_optimizers_collapses_against_its_own_healthy_runs():
+    n, onset = 700, 600
+    jump = _wiggle(n)
+    jump[n - 80 :] = 5.0  # a healthy run whose gradient departs in its last 200 steps
+    runs = []
+    for opt in ("adamw", "lion"):
+        for i in range(2):  # collapses that develop: the gradient departs 80 steps ahead
+            grad = _wiggle(n)
+            grad[onset - 80 :] = 5.0
+            extra = {"onset_kind": "develops", "collapse_kind": "loss_rise"}
+            config = {"optimizer": opt, "family": "gpt"}
+            runs.append(_record(n, onset, extra, f"{opt}-c{i}", config=config, grad_norm=grad))
+        for i in range(3):  # adamw's healthy runs depart as often; lion's never do
+            grad = jump if opt == "adamw" else _wiggle(n)
+            config = {"optimizer": opt, "family": "gpt"}
+            runs.append(_record(n, run_id=f"{opt}-h{i}", config=config, grad_norm=grad))
+    grad = _wiggle(n)
+    grad[onset - 80 :] = 5.0  # a sudden collapse: left out of the "develops" rows
+    extra = {"onset_kind": "sudden"}
+    config = {"optimizer": "lion", "family": "gpt"}
+    runs.append(_record(n, onset, extra, "lion-s", config=config, grad_norm=grad))
+
+    leads = family_leads(runs, control_rate=None)
+    assert set(leads.loc[leads["run_id"] == "lion-s", "onset"]) == {"sudden"}
+    assert set(leads["optimizer"]) == {"adamw", "lion"} and set(leads["model_family"]) == {"gpt"}
+    table = setup_lead_table(leads, by="optimizer")
+    assert list(table.index) == [("adamw", False), ("adamw", True), ("lion", False), ("lion", True)]
+    assert table["runs"].tolist() == [2, 3, 2, 3]
+    assert table["gradient"].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert table["attention"].isna().all()  # no run measured it
+    with_sudden = setup_lead_table(leads, by="optimizer", onset=None)
+    assert with_sudden.loc[("lion", False), "runs"] == 3
+    with pytest.raises(ValueError, match="by must be one of"):
+        setup_lead_table(leads, by="family")
+    rows = _benchmark().setup_family_rows(leads, "optimizer")  # families none measured: out
+    assert rows[1] == {"optimizer": "adamw", "runs": "healthy", "n": 3, "gradient": "1.00"}
+    assert rows[3] == {"optimizer": "lion", "runs": "healthy", "n": 3, "gradient": "0.00"}
 
 
 def test_family_lead_discounts_signals_that_drift_on_healthy_runs():

@@ -11,7 +11,8 @@ module             job
 ``report``         :func:`evaluate_runs`: every scorer, source, operating point and
                    group; the headline is the model at its stored ``warn`` level
 ``holdout``        :func:`leave_one_group_out`: train without a family, test on it
-``family_leads``   lead per *signal* family: a model-free account of what is missed
+``family_leads``   lead per *signal* family: a model-free account of what is missed,
+                   per collapse kind and per set-up against its own healthy runs
 ``importance``     :func:`feature_gain_table`: the features with most gain
 =================  ====================================================================
 
@@ -39,6 +40,7 @@ from collapse_guard.predictor.evaluation.family_leads import (
     REFERENCE_STEPS,
     family_lead_table,
     family_leads,
+    setup_lead_table,
     signal_families,
 )
 from collapse_guard.predictor.evaluation.groups import (
@@ -110,6 +112,7 @@ __all__ = [
     "run_groups",
     "run_outcome",
     "scored_runs",
+    "setup_lead_table",
     "setup_of",
     "signal_families",
     "threshold_at_budget",

@@ -10,7 +10,11 @@ every run). The same rule on the last H steps of healthy runs (the ``healthy-con
 rows) says how often a family departs with no collapse coming.
 
 "Family" here is a family of *signals* (``collapse_guard.signals``: gradient,
-attention, ...), not a model family (``groups.setup_of``).
+attention, ...), not a model family (``groups.setup_of``; the ``model_family`` column).
+
+Per set-up (:func:`setup_lead_table`, e.g. per optimizer), each group's collapses are
+read against that group's own healthy runs: a family that departs before AdamW
+collapses says nothing if it departs as often on healthy AdamW runs.
 """
 
 from __future__ import annotations
@@ -25,7 +29,12 @@ import pandas as pd
 from collapse_guard.datasets.label import HORIZON
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.evaluation.events import MIN_LEAD
-from collapse_guard.predictor.evaluation.groups import cause_of, kind_of
+from collapse_guard.predictor.evaluation.groups import (
+    SETUP_GROUPINGS,
+    cause_of,
+    kind_of,
+    run_groups,
+)
 from collapse_guard.signals import SIGNALS
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "REFERENCE_STEPS",
     "family_lead_table",
     "family_leads",
+    "setup_lead_table",
     "signal_families",
 ]
 
@@ -47,6 +57,9 @@ CONTROL_RATE = 0.05  # most healthy runs a signal may "depart" on (sets its mult
 MIN_REFERENCE_POINTS = 5  # measurements a signal needs to define its healthy range
 MIN_CONTROLS = 10  # healthy runs a signal needs before its multiple is calibrated
 HEALTHY_CONTROL = "healthy-control"  # the kind given to healthy runs' (control) rows
+# the run's groupings beside its kind and cause; the model family is renamed, as
+# "family" is the signal family here
+_GROUP_COLUMNS = {"onset": "onset", **{g: g for g in SETUP_GROUPINGS}, "family": "model_family"}
 
 
 def signal_families() -> dict[str, str]:
@@ -131,8 +144,10 @@ def family_leads(
     can exceed it), so read a family's share on a kind against it, not as a test.
 
     Returns one row per (run, family): ``run_id, source, kind, cause, onset_step,
-    control, family, n_signals`` (signals of the family with a healthy range; 0 means
-    the family was not measured), ``lead`` (steps; NaN when nothing departed) and
+    control``, the run's groupings ``onset`` (None for a control), ``model_family``,
+    ``optimizer`` and ``data`` (``groups.run_groups``), then ``family, n_signals``
+    (signals of the family with a healthy range; 0 means the family was not measured),
+    ``lead`` (steps; NaN when nothing departed) and
     ``first_signal`` (the signal that departed first).
     """
     families = dict(families) if families is not None else signal_families()
@@ -174,6 +189,8 @@ def family_leads(
             kind = cause = HEALTHY_CONTROL
         else:
             kind, cause = kind_of(meta), cause_of(meta)
+        groups = run_groups(meta)
+        grouped = {column: groups[g] for g, column in _GROUP_COLUMNS.items()}
         for family in order:
             leads = [
                 (_first_departure(onset, st, z, multiples[name]), name)
@@ -190,13 +207,18 @@ def family_leads(
                     "cause": cause,
                     "onset_step": onset,
                     "control": control,
+                    **grouped,
                     "family": family,
                     "n_signals": len(leads),
                     "lead": lead,
                     "first_signal": first,
                 }
             )
-    columns = ["run_id", "source", "kind", "cause", "onset_step", "control", "family"]
+    columns = [
+        *("run_id", "source", "kind", "cause", "onset_step", "control"),
+        *_GROUP_COLUMNS.values(),
+        "family",
+    ]
     out = pd.DataFrame(rows, columns=[*columns, "n_signals", "lead", "first_signal"])
     out.attrs["n_std"] = multiples
     return out
@@ -236,3 +258,36 @@ def family_lead_table(
     table["_family"] = table["family"].map(family_order)
     table = table.sort_values(["_control", by, "_family"], kind="stable")
     return table.drop(columns=["_control", "_family"]).reset_index(drop=True)
+
+
+def setup_lead_table(
+    leads: pd.DataFrame,
+    *,
+    by: str = "optimizer",
+    onset: str | None = "develops",
+    min_lead: int = MIN_LEAD,
+) -> pd.DataFrame:
+    """Per set-up group, its collapses against its own healthy runs (module docstring).
+
+    ``leads``: :func:`family_leads` with its control rows. ``by``: ``optimizer``,
+    ``data`` or ``model_family``. ``onset``: only collapses of this onset kind
+    (``develops``: those a forecast can precede; None: all).
+
+    One row per (group, ``control``), collapses first: ``runs`` (with a healthy range
+    of any signal), then per signal family the share of those runs where it departed at
+    least ``min_lead`` steps before onset (a control: before its end). NaN where no run
+    of the row measured the family.
+    """
+    columns = {"optimizer", "data", "model_family"}
+    if by not in columns:
+        raise ValueError(f"by must be one of {sorted(columns)}; got {by!r}")
+    rows = leads[leads["n_signals"] > 0]
+    if onset is not None:
+        rows = rows[rows["control"] | (rows["onset"] == onset)]
+    rows = rows.assign(warned=rows["lead"] >= min_lead)
+    keys = [by, "control"]
+    share = rows.pivot_table(index=keys, columns="family", values="warned", aggfunc="mean")
+    table = share.reindex(columns=list(dict.fromkeys(leads["family"]))).astype(float)
+    table.insert(0, "runs", rows.groupby(keys)["run_id"].nunique())
+    table.columns.name = None
+    return table.sort_index()
