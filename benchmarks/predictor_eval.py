@@ -21,7 +21,7 @@ Printed:
    per model family / optimizer / data where there are several;
 4. the lead per signal family (``evaluation.family_leads``), and a line per kind missed;
    per optimizer, model family and data, the collapses that develop beside the group's
-   own healthy runs (``evaluation.setup_lead_table``);
+   own healthy runs (``evaluation.setup_lead_table``; model-free, over every run given);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
    each family and the mean beside the baselines (``evaluation.leave_one_group_out``).
@@ -408,13 +408,22 @@ def main(argv: list[str] | None = None) -> int:
                 family_rows(report, leads, by, source),
                 md,
             )
+    # model-free, so every run given counts, those the model trained on included
+    every = pd.concat(
+        [
+            family_leads([r for r in records if r.meta.source == s], horizon=model.horizon)
+            for s in sorted({r.meta.source for r in records})
+        ],
+        ignore_index=True,
+    )
     for by in ("optimizer", "model_family", "data"):
-        if leads[by].nunique() > 1:
+        if every[by].nunique() > 1:
             _print_table(
                 console,
-                f"lead per signal family per {by}: share of collapses that develop, and of "
-                f"the {by}'s healthy runs, departing >= {report.min_lead} steps ahead",
-                setup_family_rows(leads, by),
+                f"lead per signal family per {by}, all {len(records)} runs given: share of "
+                f"collapses that develop, and of the {by}'s healthy runs, departing >= "
+                f"{report.min_lead} steps ahead",
+                setup_family_rows(every, by),
                 md,
             )
     multiples = {
