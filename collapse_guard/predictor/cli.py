@@ -268,7 +268,9 @@ def _leave_one_out(
     console.print(holdout_table(holdout, roc_like, "budget"))
     # which collapses a model misses on a set-up it never saw (issue 8)
     for by in ("onset", "cause", *(g for g in SETUP_GROUPINGS if g != grouping)):
-        title = f"model at its stored warn level per {by}: recall (caught/collapses)"
+        title = f"model at its stored warn level per {by}: recall (caught/collapses)" + (
+            " @FA/10k of its runs" if by in SETUP_GROUPINGS else ""
+        )
         console.print(holdout_groups_table(holdout, by, title))
 
 

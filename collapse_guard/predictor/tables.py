@@ -181,7 +181,9 @@ def holdout_table(holdout, title: str, operating_point: str = "headline"):
 def holdout_groups_table(holdout, grouping: str, title: str):
     """Rich table: the model at its stored warn level, one row per group of ``grouping``
     (onset, cause, optimizer, ...), one column per held-out group and ``all``; each cell
-    'recall (caught/collapses)'. Says which collapses a new set-up's model misses."""
+    'recall (caught/collapses)', and for a set-up grouping '@false alarms per 10k healthy
+    steps' of its runs. Says which collapses a new set-up's model misses, and on which
+    set-ups it spends its false alarms."""
     from rich import box
     from rich.table import Table
 
@@ -195,6 +197,10 @@ def holdout_groups_table(holdout, grouping: str, title: str):
         cells = []
         for column in columns:
             caught, n = row[(column, "caught")], row[(column, "n")]
-            cells.append(f"{caught / n:.2f} ({caught}/{n})" if n else "—")
+            cell = f"{caught / n:.2f} ({caught}/{n})" if n else "—"
+            steps = row.get((column, "healthy_steps"), 0)
+            if steps:
+                cell += f" @{_rate(1e4 * row[(column, 'false_alarms')] / steps)}"
+            cells.append(cell)
         table.add_row(str(group), *cells)
     return table

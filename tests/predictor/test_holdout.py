@@ -110,4 +110,24 @@ def test_group_counts_say_what_the_model_caught_per_cause_on_each_held_out_famil
     cause, row = next(iter(counts.iterrows()))
     caught, n = row[("all", "caught")], row[("all", "n")]
     line = next(x for x in text.splitlines() if x.strip().startswith(str(cause)))
-    assert f"({caught}/{n})" in line
+    assert f"({caught}/{n})" in line and "@" not in line
+
+
+def test_group_counts_per_set_up_say_where_the_false_alarms_went(holdout):
+    from rich.console import Console
+
+    from collapse_guard.predictor.tables import holdout_groups_table
+
+    counts = holdout.group_counts("optimizer")
+    for fold in holdout.folds:
+        model = fold.report.result("model").events
+        # every run has one optimizer: its runs' false alarms and healthy steps add up
+        assert counts[(fold.group, "false_alarms")].sum() == model.false_alarms
+        assert counts[(fold.group, "healthy_steps")].sum() == model.healthy_steps > 0
+    console = Console(width=120, record=True)
+    console.print(holdout_groups_table(holdout, "optimizer", "per optimizer"))
+    text = console.export_text()
+    optimizer, row = next(iter(counts.iterrows()))
+    rate = 1e4 * row[("all", "false_alarms")] / row[("all", "healthy_steps")]
+    line = next(x for x in text.splitlines() if x.strip().startswith(str(optimizer)))
+    assert line.rstrip().endswith(f"@{rate:.2g}" if rate < 10 else f"@{rate:.0f}")

@@ -111,8 +111,13 @@ class HoldoutReport:
     def group_counts(self, grouping: str, scorer: str = "model") -> pd.DataFrame:
         """What ``scorer`` caught at its headline point, per group of ``grouping`` (e.g.
         ``onset``, ``cause``, ``optimizer``) and held-out group: one row per group, columns
-        ``(held-out group, "caught" | "n")`` and ``("all", ...)`` summed over held-out
-        groups. ``n`` counts the group's collapses."""
+        ``(held-out group, figure)`` and ``("all", figure)`` summed over held-out groups.
+        Figures: ``caught``, ``n`` (the group's collapses), and for a set-up grouping
+        (``optimizer``, ``data``: its runs, healthy ones included) ``false_alarms`` and
+        ``healthy_steps``: where the false-alarm budget went."""
+        figures = ["caught", "n"]
+        if grouping in SETUP_GROUPINGS:
+            figures += ["false_alarms", "healthy_steps"]
         rows = []
         for fold in self.folds:
             point = fold.report.headline_point(scorer)
@@ -120,15 +125,16 @@ class HoldoutReport:
                 if (g.scorer, g.source, g.operating_point) != (scorer, "all", point):
                     continue
                 if g.result.grouping == grouping:
-                    events = g.result.events
-                    rows.append((fold.group, g.result.group, events.caught, events.n_collapsed))
-        frame = pd.DataFrame(rows, columns=["held_out", grouping, "caught", "n"])
+                    e = g.result.events
+                    counts = (e.caught, e.n_collapsed, e.false_alarms, e.healthy_steps)
+                    rows.append((fold.group, g.result.group, *counts[: len(figures)]))
+        frame = pd.DataFrame(rows, columns=["held_out", grouping, *figures])
         wide = frame.pivot_table(
-            index=grouping, columns="held_out", values=["caught", "n"], aggfunc="sum"
+            index=grouping, columns="held_out", values=figures, aggfunc="sum"
         ).swaplevel(axis=1)
         held = [f.group for f in self.folds if f.group in set(frame["held_out"])]
-        wide = wide.reindex(columns=pd.MultiIndex.from_product([held, ["caught", "n"]]))
-        for figure in ("caught", "n"):
+        wide = wide.reindex(columns=pd.MultiIndex.from_product([held, figures]))
+        for figure in figures:
             wide[("all", figure)] = frame.groupby(grouping)[figure].sum()
         return wide.fillna(0).astype(int)
 
