@@ -2,7 +2,7 @@
 
     python benchmarks/predictor_eval.py --runs DIR [--runs DIR ...] [--model SOURCE]
         [--leave-one-out family|optimizer|data] [--no-synthetic] [--gain K]
-        [--budget FA] [--markdown]
+        [--budget FA] [--separability] [--markdown]
 
 Scored: only the runs the model never trained or validated on (their ids are stored in
 the model's meta); its training and validation runs among those given fit the learned
@@ -22,6 +22,8 @@ Printed:
 4. the lead per signal family (``evaluation.family_leads``), and a line per kind missed;
    per optimizer, model family and data, the collapses that develop beside the group's
    own healthy runs (``evaluation.setup_lead_table``; model-free, over every run given);
+   with ``--separability``, per set-up how well each signal family's best single feature
+   tells pre-collapse rows from healthy ones (``evaluation.separability``);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
    each family and the mean beside the baselines (``evaluation.leave_one_group_out``).
@@ -205,6 +207,25 @@ def setup_family_rows(leads, by: str) -> list[dict]:
     ]
 
 
+def separability_rows(table, by: str) -> list[dict]:
+    """One row per signal family, one column per group of ``by``: the direction-free
+    ROC-AUC of the family's best single feature there (``evaluation.separability``),
+    then a row of each group's rows (positives)."""
+    wide = table.pivot(index="family", columns="group", values="auc")
+    rows = [
+        {"signals": family, **{g: _pair(row[g], None) for g in wide.columns}}
+        for family, row in wide.iterrows()
+    ]
+    sizes = table.groupby("group")[["rows", "positives"]].first()
+    rows.append(
+        {
+            "signals": "rows (pre-collapse)",
+            **{g: f"{r.rows} ({r.positives})" for g, r in sizes.iterrows()},
+        }
+    )
+    return rows
+
+
 def missed_lines(report, leads, by: str = "kind", target: float = TARGET_RECALL) -> list[str]:
     """One sentence per kind the model catches less than ``target`` of: which signal
     families departed in time on it, and how often they do on healthy runs."""
@@ -294,11 +315,40 @@ def _print_table(console, title: str, rows: list[dict], markdown: list[str]) -> 
     console.print(table)
 
 
+def _print_separability(console, records, model, md: list[str]) -> None:
+    """Per optimizer, model family and data (where several), how well each signal
+    family's best single feature tells pre-collapse rows from healthy ones."""
+    from collapse_guard.features import FeatureExtractor
+    from collapse_guard.predictor.evaluation import separability, setup_of
+    from collapse_guard.predictor.training_data import build_training_data
+
+    extractor = FeatureExtractor.from_schema(model.schema)
+    data = build_training_data(records, extractor, horizon=model.horizon)
+    meta = {r.run_id: r.meta for r in records}
+    for by in ("optimizer", "family", "data"):
+        group = [setup_of(meta[i], by) for i in data.groups]
+        if len(set(group)) < 2:
+            continue
+        _print_table(
+            console,
+            f"separability per {by}, all {len(records)} runs given (model-free): ROC-AUC of "
+            "each signal family's best single feature, pre-collapse rows against healthy "
+            "ones (0.5: no information)",
+            separability_rows(separability(data.X, data.y, group), by),
+            md,
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, action="append", required=True, metavar="DIR")
     parser.add_argument("--model", default=None, help="omitted: bundled; a URI or a folder")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
+    parser.add_argument(
+        "--separability",
+        action="store_true",
+        help="per set-up, how well each signal family alone separates (every run given)",
+    )
     parser.add_argument(
         "--budget",
         type=float,
@@ -426,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                 setup_family_rows(every, by),
                 md,
             )
+    if args.separability:
+        _print_separability(console, records, model, md)
     multiples = {
         s: {k: round(v, 1) for k, v in f.attrs["n_std"].items() if v != DEPARTURE_STD}
         for s, f in per_source.items()

@@ -26,6 +26,7 @@ from collapse_guard.predictor.evaluation import (
     group_metrics,
     healthy_sequences,
     row_metrics,
+    separability,
     setup_lead_table,
     threshold_at_budget,
 )
@@ -463,3 +464,44 @@ def _benchmark():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def test_separability_is_the_best_single_feature_per_signal_family_and_group():
+    rng = np.random.default_rng(0)
+    n = 400
+    y = np.r_[np.zeros(n // 2), np.ones(n // 2)].astype(int)
+    group = np.where(np.arange(n) % 2 == 0, "adamw", "lion")
+    informative = y + 0.1 * rng.standard_normal(n)
+    grad = np.where(group == "lion", -informative, rng.standard_normal(n))  # lion: reversed
+    sparse = np.full(n, np.nan)
+    sparse[:50] = 1.0  # too few finite rows in any group: not scored
+    X = pd.DataFrame(
+        {
+            "grad_norm__last_rel": grad,
+            "grad_cv__last": rng.standard_normal(n),
+            "attn_logit_max__max_rel": sparse,
+            "ctx__steps": informative,
+        }
+    )
+    table = separability(X, y, group).set_index(["group", "family"])
+    assert list(table.index) == [
+        ("adamw", "context"),
+        ("adamw", "gradient"),
+        ("lion", "context"),
+        ("lion", "gradient"),
+    ]
+    assert table.loc[("lion", "gradient"), "auc"] > 0.99  # read in the direction that works
+    assert table.loc[("lion", "gradient"), "feature"] == "grad_norm__last_rel"
+    assert 0.5 <= table.loc[("adamw", "gradient"), "auc"] < 0.65  # noise: near 0.5
+    assert table.loc[("adamw", "context"), "auc"] > 0.99
+    assert table.loc[("adamw", "gradient"), "rows"] == n // 2
+    assert table.loc[("adamw", "gradient"), "positives"] == n // 4
+    with pytest.raises(ValueError, match="one entry per row"):
+        separability(X, y[:-1], group)
+    rows = _benchmark().separability_rows(separability(X, y, group), "optimizer")
+    assert [r["signals"] for r in rows] == ["context", "gradient", "rows (pre-collapse)"]
+    assert rows[1]["lion"] == "1.00" and rows[2] == {
+        "signals": "rows (pre-collapse)",
+        "adamw": "200 (100)",
+        "lion": "200 (100)",
+    }

@@ -14,6 +14,8 @@ module             job
 ``family_leads``   lead per *signal* family: a model-free account of what is missed,
                    per collapse kind and per set-up against its own healthy runs
 ``importance``     :func:`feature_gain_table`: the features with most gain
+``separability``   :func:`separability`: how well each signal family's features alone
+                   tell pre-collapse rows from healthy ones, per set-up
 =================  ====================================================================
 
 Everything public is re-exported here.
@@ -72,6 +74,7 @@ from collapse_guard.predictor.evaluation.report import (
     scored_runs,
 )
 from collapse_guard.predictor.evaluation.scorer import ModelScorer, Scorer
+from collapse_guard.predictor.evaluation.separability import feature_family, separability
 
 __all__ = [
     "BUDGET_FACTOR",
@@ -103,6 +106,7 @@ __all__ = [
     "event_metrics",
     "family_lead_table",
     "family_leads",
+    "feature_family",
     "feature_gain_table",
     "group_metrics",
     "healthy_sequences",
@@ -112,6 +116,7 @@ __all__ = [
     "run_groups",
     "run_outcome",
     "scored_runs",
+    "separability",
     "setup_lead_table",
     "setup_of",
     "signal_families",
