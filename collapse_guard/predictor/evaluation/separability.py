@@ -56,11 +56,11 @@ def separability(
         raise ValueError(
             f"X, y and group must have one entry per row; got {len(X)}, {len(y)} and {len(group)}"
         )
-    families = signal_families()
+    families, every = signal_families(), X.to_numpy(dtype=np.float64)
     rows = []
     for g in sorted(set(group.tolist())):
         member = group == g
-        target, values = y[member], X.to_numpy(dtype=np.float64)[member]
+        target, values = y[member], every[member]
         best: dict[str, tuple[float, str]] = {}
         for j, name in enumerate(X.columns):
             finite = np.isfinite(values[:, j])
