@@ -315,6 +315,17 @@ def _print_table(console, title: str, rows: list[dict], markdown: list[str]) -> 
     console.print(table)
 
 
+def _leads_per_source(runs, horizon: int) -> dict:
+    """Source -> ``evaluation.family_leads`` of its runs: each source calibrated on its
+    own healthy runs (real and synthetic drift differently)."""
+    from collapse_guard.predictor.evaluation import family_leads
+
+    sources = sorted({r.meta.source for r in runs})
+    return {
+        s: family_leads([r for r in runs if r.meta.source == s], horizon=horizon) for s in sources
+    }
+
+
 def _print_separability(console, records, model, md: list[str]) -> None:
     """Per optimizer, model family and data (where several), how well each signal
     family's best single feature tells pre-collapse rows from healthy ones."""
@@ -386,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
         REFERENCE_STEPS,
         SETUP_GROUPINGS,
         evaluate_runs,
-        family_leads,
         leave_one_group_out,
     )
     from collapse_guard.predictor.risk import RiskModel
@@ -443,11 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 kind_rows(report, grouping, source),
                 md,
             )
-    # each source calibrated on its own healthy runs: real and synthetic drift differently
-    per_source = {
-        s: family_leads([r for r in runs if r.meta.source == s], horizon=model.horizon)
-        for s in sources
-    }
+    per_source = _leads_per_source(runs, model.horizon)
     leads = pd.concat(per_source.values(), ignore_index=True)
     for source in shown:
         for by in ("kind", "cause"):
@@ -459,12 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                 md,
             )
     # model-free, so every run given counts, those the model trained on included
-    every = pd.concat(
-        [
-            family_leads([r for r in records if r.meta.source == s], horizon=model.horizon)
-            for s in sorted({r.meta.source for r in records})
-        ],
-        ignore_index=True,
+    every = (
+        leads
+        if len(runs) == len(records)
+        else pd.concat(_leads_per_source(records, model.horizon).values(), ignore_index=True)
     )
     for by in ("optimizer", "model_family", "data"):
         if every[by].nunique() > 1:

@@ -60,6 +60,7 @@ HEALTHY_CONTROL = "healthy-control"  # the kind given to healthy runs' (control)
 # the run's groupings beside its kind and cause; the model family is renamed, as
 # "family" is the signal family here
 _GROUP_COLUMNS = {"onset": "onset", **{g: g for g in SETUP_GROUPINGS}, "family": "model_family"}
+_SETUP_COLUMNS = tuple(_GROUP_COLUMNS[g] for g in SETUP_GROUPINGS)  # setup_lead_table's by
 
 
 def signal_families() -> dict[str, str]:
@@ -278,9 +279,8 @@ def setup_lead_table(
     least ``min_lead`` steps before onset (a control: before its end). NaN where no run
     of the row measured the family.
     """
-    columns = {"optimizer", "data", "model_family"}
-    if by not in columns:
-        raise ValueError(f"by must be one of {sorted(columns)}; got {by!r}")
+    if by not in _SETUP_COLUMNS:
+        raise ValueError(f"by must be one of {sorted(_SETUP_COLUMNS)}; got {by!r}")
     rows = leads[leads["n_signals"] > 0]
     if onset is not None:
         rows = rows[rows["control"] | (rows["onset"] == onset)]
