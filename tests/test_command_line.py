@@ -317,3 +317,17 @@ def test_predict_on_an_unlabelled_run_says_so(runs_dir, tmp_path):
     text = " ".join(result.output.split())
     assert "onset: not labelled" in text and "healthy" not in text
     assert meta.label_version is not None  # the labelled original says healthy or an onset
+
+
+def test_a_retrain_that_fails_after_its_ingest_still_names_the_files_it_skipped(
+    damaged_runs, store_env
+):
+    # four runs are too few to retrain on: the retrain fails after the ingest accepted them
+    # and skipped the damaged file; the user learns of both before fixing either
+    folder, damaged = damaged_runs
+    args = ["retrain", "--runs", str(folder), "--base", str(store_env.parent / "base")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"skipped {damaged}: " in " ".join(result.stdout.split())
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.stderr

@@ -236,7 +236,10 @@ def _median(values, count):
 
 @numba.njit(**_JIT)
 def _ratio(a, b):
-    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0.0 else math.nan
+    # total: NaN for a zero, negative or non-finite reference, and for a quotient that
+    # overflows (a reference of 1e-310): a field is never infinite
+    r = a / b if math.isfinite(a) and math.isfinite(b) and b > 0.0 else math.nan
+    return r if math.isfinite(r) else math.nan
 
 
 @numba.njit(**_JIT)

@@ -231,7 +231,7 @@ def _kernel(grid, ends, weights, bounds, companion, columns, dsi, n_features):
             stats = _signal_stats(x, flag, weights, bounds[0, s], bounds[1, s])
             for k in range(len(stats)):
                 if columns[s, k] >= 0:
-                    out[i, columns[s, k]] = stats[k]
+                    out[i, columns[s, k]] = _defined(stats[k])
         if len(dsi):
             count, all_steps = _dsi(grid, start, window, dsi[:3], bounds)
             out[i, dsi[3]] = count
@@ -320,8 +320,8 @@ def _signal_stats(x, flag, weights, low, high):
         slope = (s_ty - t_mean * m1 * n) / (s_tt - s_t * t_mean)
     short_y, long_y = s_wsy / s_ws, s_wly / s_wl
     short, long = shift + short_y, shift + long_y
-    ratio = short / long if long != 0.0 else nan
-    zscore = -m1 / std if std > _STD_REL_FLOOR * abs(mean) else nan
+    ratio = _over(short, long)
+    zscore = _over(-m1, std) if std > _STD_REL_FLOOR * abs(mean) else nan
     # the ratio reading: each level over the window's mean (scale-free); the shift
     # reading: each level minus it, from the shifted sums (no cancellation of levels)
     return (
@@ -349,8 +349,17 @@ def _signal_stats(x, flag, weights, low, high):
 
 @numba.njit(**_JIT)
 def _over(a, b):
-    """``a / b``, NaN when ``b`` is 0 (a ratio to a zero mean is undefined, not inf)."""
-    return a / b if b != 0.0 else math.nan
+    """``a / b``, NaN when ``b`` is 0 (a ratio to a zero mean is undefined, not inf) or the
+    quotient overflows (a mean of 1e-310)."""
+    return _defined(a / b) if b != 0.0 else math.nan
+
+
+@numba.njit(**_JIT)
+def _defined(v):
+    """``v``, or NaN when it is infinite: a statistic that overflows float64 (the square
+    of a value near 1e300) is undefined, and a feature is never infinite (LightGBM and
+    scikit-learn refuse inf; NaN is "missing")."""
+    return math.nan if math.isinf(v) else v
 
 
 @numba.njit(**_JIT)

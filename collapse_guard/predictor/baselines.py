@@ -93,6 +93,15 @@ def _finite(values: np.ndarray) -> pd.Series:
     return pd.Series(np.where(np.isfinite(values), values, np.nan))
 
 
+def _log10(values: np.ndarray) -> np.ndarray:
+    # total: an LR of 0 (a warm-up from 0, as the transformers Trainer's) or below has no
+    # logarithm and is left to the model as missing (NaN), never -inf, which LightGBM refuses
+    positive = values > 0
+    return np.log10(
+        np.where(positive, values, 1.0), where=positive, out=np.full(values.shape, np.nan)
+    )
+
+
 def _fires(score: np.ndarray, threshold: float) -> np.ndarray:
     # a rule fires where its score is over the threshold; no opinion (NaN) never does
     return np.nan_to_num(score, nan=-np.inf) > threshold
@@ -375,12 +384,15 @@ class ConfigOnlyBaseline(_Tuned):
         self.stride = stride
 
     def _features(self, frame: pd.DataFrame) -> pd.DataFrame:
-        lr = pd.Series(_column(frame, "lr")).ffill()
-        with np.errstate(divide="ignore"):
-            log_lr = np.log10(lr.to_numpy())
-            log_peak = np.log10(lr.cummax().to_numpy())
+        # a non-finite LR is no reading of the config: the last finite one holds
+        lr = pd.Series(_finite(_column(frame, "lr"))).ffill().to_numpy()
+        peak = np.fmax.accumulate(lr)
         return pd.DataFrame(
-            {"log_lr": log_lr, "step": frame["step"].to_numpy(float), "log_peak_lr": log_peak}
+            {
+                "log_lr": _log10(lr),
+                "step": frame["step"].to_numpy(float),
+                "log_peak_lr": _log10(peak),
+            }
         )
 
     def fit(self, train_runs=(), validation_runs=(), *, horizon=HORIZON, budget_per_10k=1.0):

@@ -48,6 +48,21 @@ def _print_ingest(console, report) -> None:
             )
 
 
+def _print_rejected(console, runs: list[str], base: Path) -> None:
+    # A retrain that failed after its ingest (too few runs, a bug) still names the files it
+    # skipped: a user who fixes the error would otherwise meet them only at the next
+    # success. Ingest is idempotent, so asking again rejects the same files and writes
+    # nothing; with nothing ingested, the error itself lists them.
+    from collapse_guard.predictor.ingest import IngestReport, ingest_runs
+
+    try:
+        report = ingest_runs(runs, base)
+    except Exception:  # the failure may be the ingest's own (a folder it cannot write)
+        return
+    if report.run_ids:
+        _print_ingest(console, IngestReport(rejected=report.rejected, ignored=report.ignored))
+
+
 def retrain(
     runs: Annotated[
         list[str],
@@ -99,15 +114,19 @@ def retrain(
     from collapse_guard.predictor.retrain import retrain as run_retrain
 
     console = Console()
-    result = run_retrain(
-        runs,
-        base=base,
-        experiment=experiment,
-        seed=seed,
-        dask=dask,
-        require_new=True,
-        progress=console.log,
-    )
+    try:
+        result = run_retrain(
+            runs,
+            base=base,
+            experiment=experiment,
+            seed=seed,
+            dask=dask,
+            require_new=True,
+            progress=console.log,
+        )
+    except Exception:
+        _print_rejected(console, runs, base)
+        raise
     _print_ingest(console, result.ingest)
     compared = f"on {len(result.comparison_run_ids)} runs neither model saw"
     if result.promoted:

@@ -158,3 +158,28 @@ def test_dsi_cross_features():
 def test_kernel_rejects_wrong_shapes():
     with pytest.raises(ValueError, match=r"\(n_windows, window >= 2, 2 signals\)"):
         window_features(np.zeros((3, 10, 3)), ("loss", "lr"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_feature_is_finite_or_nan_on_zero_negative_and_extreme_inputs(seed):
+    # zeros (an LR warm-up from 0), negatives, non-finite values and values whose squares
+    # or quotients overflow float64: a feature is never infinite (LightGBM refuses inf),
+    # in the window statistics as in the run context's ratios
+    from collapse_guard.signals import SIGNAL_NAMES
+
+    rng = np.random.default_rng(seed)
+    pool = np.array([0.0, -1.0, -1e300, 1e300, 5e-324, 1e-310, INF, -INF, NAN, 1.0])
+    rows = 260
+    frame = pd.DataFrame({"step": np.arange(rows)})
+    for name in SIGNAL_NAMES:
+        frame[name] = rng.choice(pool, size=rows)
+    frame["lr"] = np.where(np.arange(rows) == 0, 0.0, frame["lr"])
+    fx = FeatureExtractor(window=20)
+    got = fx.transform_run(frame).to_numpy()
+    assert not np.isinf(got).any()
+    assert np.isfinite(got).sum() > 0.3 * got.size  # defined where it can be
+    # the tiny best loss: loss over best would overflow; it is undefined, not inf
+    tiny = pd.DataFrame({"step": np.arange(3), "loss": [1e-310, 1e-310, 1e10]})
+    ctx = FeatureExtractor(window=2, signals=("loss",)).transform_run(tiny)
+    assert math.isnan(ctx.loc[2, "ctx__loss_over_best"])
+    assert ctx.loc[1, "ctx__loss_over_best"] == 1.0

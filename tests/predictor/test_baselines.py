@@ -250,3 +250,22 @@ def test_config_only_is_fitted_on_training_runs_and_tuned_on_validation(run_reco
     names = [x.name for x in default_baselines(run_records[:30], run_records[30:45])]
     expected = ["dsi", "olmo_zscore", "zclip", "kill_spike", "attn_logit", "attn_entropy"]
     assert names == [*expected, "config_only"]
+
+
+def test_config_only_is_total_on_a_warmup_from_zero_and_bad_lrs(run_records):
+    # the transformers Trainer warms up from LR 0: a guarded run file has lr = 0 at step
+    # 0; log10(0) = -inf made LightGBM refuse the rows ("Input X contains infinity")
+    def bad_lr(run, k):
+        frame = run.frame.copy()
+        frame.loc[frame.index[0], "lr"] = 0.0
+        frame.loc[frame.index[5], "lr"] = [-1e-3, np.inf, np.nan][k % 3]
+        return RunRecord(frame, run.meta, run.path)
+
+    runs = [bad_lr(run, k) for k, run in enumerate(run_records[:45])]
+    b = ConfigOnlyBaseline().fit(runs[:30], runs[30:45])
+    feats = b._features(runs[0].frame)
+    # no LR yet has no logarithm (missing); the LR of step 1 onwards reads as before
+    assert np.isnan(feats.loc[0, "log_lr"]) and np.isnan(feats.loc[0, "log_peak_lr"])
+    assert feats.loc[1, "log_lr"] == np.log10(runs[0].frame["lr"].iloc[1])
+    p = b.score_run(runs[31].frame)
+    assert p.shape == (len(runs[31].frame),) and np.all((p >= 0) & (p <= 1))
