@@ -8,13 +8,15 @@ import pytest
 
 from collapse_guard.datasets.real import (
     DATA_KINDS,
-    FAMILIES,
     OPTIMIZERS,
     RECIPES,
+    Focus,
     RealRunConfig,
+    run_id_for,
     sample_config,
     sample_configs,
 )
+from collapse_guard.datasets.real.config import ARCHITECTURE_CHOICES, FAMILY_ARCHITECTURES
 from collapse_guard.datasets.real.onset import SUDDEN_WITHIN, onset_kind
 from collapse_guard.datasets.real.sampler import (
     DATA_SHARES,
@@ -24,6 +26,7 @@ from collapse_guard.datasets.real.sampler import (
 )
 
 STEPS = 1000
+FAMILIES = tuple(FAMILY_SHARES)  # the hand-written ones: what an unfocused sweep draws
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +177,77 @@ def test_config_round_trips_with_the_new_keys(sweep):
         RealRunConfig(optimizer="lion", fault="opt_reset")
     with pytest.raises(ValueError, match="share of tokens"):
         RealRunConfig(fault="corrupt_ramp", fault_scale=2.0)
+
+
+# --------------------------------------------------------------------------- top-ups
+
+NANOGPT = Focus(("nanogpt",), ("adamw",), ("drawn",))
+
+
+@pytest.fixture(scope="module")
+def nanogpt_sweep() -> list[RealRunConfig]:
+    return sample_configs(200, seed=0, focus=NANOGPT)
+
+
+def test_top_up_recipe_and_family_are_never_drawn_unless_chosen(sweep):
+    assert "nanogpt" not in {c.recipe for c in sweep}
+    assert {c.family for c in sweep} == set(FAMILIES)
+    # a recipe-only focus keeps the hand-written families, and its old run ids
+    focused = sample_configs(60, seed=1, focus=Focus(("constant_high", "slow_ramp"), ("adamw",)))
+    assert {c.family for c in focused} == set(FAMILIES)
+    assert Focus(("safe_ramp",)).tag == "safe_ramp.all"
+    assert run_id_for(0, 3, NANOGPT) == "real-s0-nanogpt.adamw.drawn-00003"
+    assert {c.recipe for c in sample_configs(30, seed=0, focus=Focus(families=("drawn",)))} <= set(
+        RECIPES
+    )
+
+
+def test_nanogpt_recipe_is_warmup_cosine_adamw_from_safe_to_3x_over_the_edge(nanogpt_sweep):
+    for c in nanogpt_sweep:
+        assert (c.recipe, c.family, c.optimizer) == ("nanogpt", "drawn", "adamw")
+        assert 1500 <= c.steps <= 2500 and c.triggers() == [0]
+        assert 0.3 <= c.lr / STABLE_EDGE["drawn", "adamw"] <= 3.0
+        assert 0.02 * c.steps <= c.warmup_steps <= 0.1 * c.steps
+        assert (c.min_lr_ratio, c.weight_decay, c.grad_clip, c.qk_norm) == (0.1, 0.1, 1.0, False)
+        assert c.beta2 in (0.95, 0.99) and c.fault == "none" and not c.rewarm_step
+        # cosine to 10 % of the peak at the last step
+        assert c.lr_at(c.steps - 1) == pytest.approx(0.1 * c.lr, rel=1e-3)
+    ratios = sorted(c.lr / 0.04 for c in nanogpt_sweep)
+    # log-uniform: about half the runs under the edge, a quarter past 1.8x
+    assert 0.35 <= sum(r < 1.0 for r in ratios) / len(ratios) <= 0.65
+    assert sum(r > 1.8 for r in ratios) >= 0.15 * len(ratios)
+    assert {c.beta2 for c in nanogpt_sweep} == {0.95, 0.99}
+    assert {c.data for c in nanogpt_sweep} == set(DATA_KINDS)
+    assert max(c.steps for c in nanogpt_sweep) - min(c.steps for c in nanogpt_sweep) > 800
+
+
+def test_drawn_architectures_draw_each_part_independently(nanogpt_sweep):
+    for field, choices in ARCHITECTURE_CHOICES.items():
+        counts = Counter(getattr(c, field) for c in nanogpt_sweep)
+        assert set(counts) == set(choices), field
+        assert min(counts.values()) >= 0.5 * len(nanogpt_sweep) / len(choices), (field, counts)
+    # independent: every position scheme meets every block and every norm placement
+    pairs = {(c.positions, c.block, c.pre_ln) for c in nanogpt_sweep}
+    assert len(pairs) == 4 * 2 * 2
+    heads = Counter(c.n_head for c in nanogpt_sweep)
+    assert set(heads) == {2, 4, 8}
+    assert all(
+        c.d_model % c.n_head == 0 and (c.d_model // c.n_head) % 2 == 0 for c in nanogpt_sweep
+    )
+    assert 0.6 <= sum(c.pre_ln for c in nanogpt_sweep) / len(nanogpt_sweep) <= 0.9
+    # the parts are recorded in the config, so an evaluation can leave one out
+    held_out = [c for c in nanogpt_sweep if c.to_dict()["positions"] == "alibi"]
+    assert 0.15 * len(nanogpt_sweep) <= len(held_out) <= 0.35 * len(nanogpt_sweep)
+
+
+def test_hand_written_families_record_their_own_parts_and_refuse_others(sweep):
+    for c in sweep[:30]:
+        for field, own in FAMILY_ARCHITECTURES[c.family].items():
+            assert getattr(c, field) == own
+    assert RealRunConfig(family="rope_swiglu").positions == "rope"
+    old_file = {k: v for k, v in RealRunConfig().to_dict().items() if k not in ARCHITECTURE_CHOICES}
+    assert RealRunConfig.from_dict(old_file).to_dict()["mlp"] == "gelu"  # files before drawn
+    with pytest.raises(ValueError, match="family 'gpt' is built with positions='learned'"):
+        RealRunConfig(family="gpt", positions="rope")
+    with pytest.raises(ValueError, match="positions='sinusoid' is not known"):
+        RealRunConfig(family="drawn", positions="sinusoid")

@@ -38,12 +38,16 @@ def real_command(
     optimizers: Annotated[
         str, typer.Option("--optimizers", help="Only these optimizers, comma-separated.")
     ] = "",
+    families: Annotated[
+        str,
+        typer.Option("--families", help="Only these model families, comma-separated (e.g. drawn)."),
+    ] = "",
 ) -> None:
     """Train N small transformers (3 families, 3 optimizers, 2 kinds of data) with sampled
     recipes, knobs and faults; write labelled run files to OUT.
 
     Resumable: run files already in OUT are kept, unfinished ones are redone. A sweep
-    narrowed by --recipes / --optimizers has run ids of its own, so it can top up a
+    narrowed by --recipes / --optimizers / --families has run ids of its own, so it can top up a
     folder that holds the full sweep.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before anything imports torch
@@ -52,7 +56,7 @@ def real_command(
     from collapse_guard.datasets.runfile import read_meta
 
     try:
-        focus = Focus(_names(recipes), _names(optimizers))
+        focus = Focus(_names(recipes), _names(optimizers), _names(families))
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass
 from collapse_guard._config import reject_unknown_keys
 
 __all__ = [
+    "ARCHITECTURE_CHOICES",
     "DATA_KINDS",
     "FAMILIES",
+    "FAMILY_ARCHITECTURES",
     "FAULTS",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -22,8 +24,36 @@ __all__ = [
     "RealRunConfig",
 ]
 
-# model families (``models/``): the evaluation leaves one out at a time
-FAMILIES = ("gpt", "rope_swiglu", "mha")
+# model families (``models/``): the evaluation leaves one out at a time. ``drawn`` builds
+# each part from the config (drawn only by a focused top-up: ``sampler.TOP_UP_FAMILIES``)
+FAMILIES = ("gpt", "rope_swiglu", "mha", "drawn")
+# the architecture fields and their values (``models/drawn.py`` builds every combination)
+ARCHITECTURE_CHOICES: dict[str, tuple] = {
+    "block": ("serial", "parallel"),
+    "norm": ("layernorm", "rmsnorm"),
+    "positions": ("learned", "rope", "alibi", "none"),
+    "mlp": ("gelu", "swiglu"),
+    "tied": (False, True),
+}
+# what each hand-written family is built of: recorded in every run's config, so that an
+# evaluation can group every run by a part (all rotary runs), whatever its family
+FAMILY_ARCHITECTURES: dict[str, dict] = {
+    "gpt": {
+        "block": "serial",
+        "norm": "layernorm",
+        "positions": "learned",
+        "mlp": "gelu",
+        "tied": False,
+    },
+    "rope_swiglu": {
+        "block": "serial",
+        "norm": "rmsnorm",
+        "positions": "rope",
+        "mlp": "swiglu",
+        "tied": True,
+    },
+}
+FAMILY_ARCHITECTURES["mha"] = FAMILY_ARCHITECTURES["drawn"] = FAMILY_ARCHITECTURES["gpt"]
 # optimizers (``optim.py``); ``sgd`` is SGD with Nesterov momentum ``beta1``
 OPTIMIZERS = ("adamw", "lion", "sgd")
 # optimizer -> its second-moment state keys (what ``opt_reset`` zeroes); Lion and SGD
@@ -63,6 +93,13 @@ class RealRunConfig:
     qk_norm: bool = False  # layernorm on q and k: prevents attention-logit growth
     pre_ln: bool = True  # False = post-LN, which diverges at high LR without warmup
     init_scale: float = 1.0  # multiplies the 0.02 init std; >3 makes early logits large
+    # architecture (ARCHITECTURE_CHOICES): None = the family's own (FAMILY_ARCHITECTURES),
+    # filled in on construction; only the ``drawn`` family takes other values
+    block: str | None = None  # serial, or parallel (attention and MLP side by side)
+    norm: str | None = None  # layernorm or rmsnorm (placement: pre_ln)
+    positions: str | None = None  # learned, rope, alibi or none
+    mlp: str | None = None  # gelu or swiglu
+    tied: bool | None = None  # the head shares the token embedding
     # data
     data: str = "bytes"  # one of DATA_KINDS
     vocab_size: int = 256  # bytes: 256; language: its own vocabulary (64-512)
@@ -109,6 +146,7 @@ class RealRunConfig:
                     f"{name}={getattr(self, name)!r} is not known; "
                     f"expected one of {', '.join(known)}"
                 )
+        self._fill_architecture()
         if self.data == "bytes" and self.vocab_size != 256:
             raise ValueError(
                 f"byte-level data has vocab_size 256, got {self.vocab_size}; "
@@ -131,6 +169,23 @@ class RealRunConfig:
                 f"d_model={self.d_model} must be a multiple of n_head={self.n_head}; "
                 "change one of them"
             )
+
+    def _fill_architecture(self) -> None:
+        """Fill the family's own parts in; refuse a part a hand-written family lacks."""
+        for field, own in FAMILY_ARCHITECTURES[self.family].items():
+            value = getattr(self, field)
+            if value is None:
+                setattr(self, field, own)
+            elif value not in ARCHITECTURE_CHOICES[field]:
+                raise ValueError(
+                    f"{field}={value!r} is not known; expected one of "
+                    f"{', '.join(map(str, ARCHITECTURE_CHOICES[field]))}"
+                )
+            elif self.family != "drawn" and value != own:
+                raise ValueError(
+                    f"family {self.family!r} is built with {field}={own!r}, got {value!r}; "
+                    f"leave {field} unset or use family='drawn'"
+                )
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict: what goes into the run file's ``config``."""
@@ -185,4 +240,5 @@ class RealRunConfig:
             qk_norm=self.qk_norm,
             pre_ln=self.pre_ln,
             init_scale=self.init_scale,
+            **{field: getattr(self, field) for field in ARCHITECTURE_CHOICES},
         )

@@ -85,7 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapse_guard.datasets.real.config import RealRunConfig
+from collapse_guard.datasets.real.config import ARCHITECTURE_CHOICES, RealRunConfig
 
 __all__ = [
     "DATA_SHARES",
@@ -93,6 +93,7 @@ __all__ = [
     "OPTIMIZER_SHARES",
     "RECIPES",
     "STABLE_EDGE",
+    "TOP_UP_FAMILIES",
     "TOP_UP_RECIPES",
     "Focus",
     "sample_config",
@@ -116,8 +117,11 @@ RECIPES: dict[str, float] = {
 # Recipes drawn only by a focused top-up (``Focus``): in RECIPES they would reshuffle every
 # sweep already on disk. ``safe_ramp`` is slow_ramp's hard negative (issue 8: a model
 # trained without it warned on a healthy Lion re-warm to half the edge as on a collapse)
-TOP_UP_RECIPES: dict[str, float] = {"safe_ramp": 0.17}
+TOP_UP_RECIPES: dict[str, float] = {"safe_ramp": 0.17, "nanogpt": 0.2}
 FAMILY_SHARES: dict[str, float] = {"gpt": 0.34, "rope_swiglu": 0.33, "mha": 0.33}
+# Families drawn only by a focused top-up, for the same reason: ``drawn`` draws each part
+# of its architecture (``_architecture``)
+TOP_UP_FAMILIES: dict[str, float] = {"drawn": 0.33}
 OPTIMIZER_SHARES: dict[str, float] = {"adamw": 0.45, "lion": 0.30, "sgd": 0.25}
 DATA_SHARES: dict[str, float] = {"bytes": 0.5, "language": 0.5}
 
@@ -141,6 +145,9 @@ STABLE_EDGE: dict[tuple[str, str], float] = {
     for family in FAMILY_SHARES
     for optimizer, edge in (("adamw", 0.04), ("lion", 0.03), ("sgd", 1.5))
 }
+STABLE_EDGE.update(
+    {("drawn", optimizer): STABLE_EDGE["gpt", optimizer] for optimizer in OPTIMIZER_SHARES}
+)
 
 # (n_layer, d_model, seq_len)
 _SHAPES = ((2, 64, 64), (1, 64, 64), (3, 48, 64), (2, 96, 32), (2, 32, 64), (1, 48, 32))
@@ -319,6 +326,28 @@ def _safe_ramp(rng, steps, knobs, edge, ctx) -> dict:
     }
 
 
+def _nanogpt(rng, steps, knobs, edge, ctx) -> dict:
+    """The recipe most people train (nanoGPT, GPT-2): warmup, cosine to 10 %, AdamW.
+
+    Peak LR from 0.3x to 3x the edge, no qk-norm, weight decay 0.1, clipping at 1.0,
+    beta2 0.95 or 0.99, and 1,500-2,500 steps of its own (the sweep's ``steps`` is not
+    used): whatever goes wrong goes wrong without a trigger after step 0, late or not at
+    all. With Lion or SGD it keeps that optimizer's own betas and weight decay.
+    """
+    own_steps = int(rng.integers(1500, 2501))
+    drawn = {
+        "steps": own_steps,
+        "lr": edge * _log_uniform(rng, 0.3, 3.0),
+        "warmup_steps": int(own_steps * rng.uniform(0.02, 0.1)),
+        "min_lr_ratio": 0.1,
+        "qk_norm": False,
+        "grad_clip": 1.0,
+    }
+    if ctx["optimizer"] == "adamw":
+        drawn.update(beta1=0.9, beta2=_choice(rng, (0.95, 0.99)), weight_decay=0.1)
+    return drawn
+
+
 def _growing_fault(rng, steps, knobs, edge, ctx) -> dict:
     """A fault that grows over 100-300 steps: a rising LR, or more and more random tokens."""
     kind = _choice(rng, ("lr_ramp", "corrupt_ramp"))
@@ -409,7 +438,27 @@ _RECIPE_KNOBS = {
     "sudden": _sudden,
     "fragile": _fragile,
     "safe_ramp": _safe_ramp,
+    "nanogpt": _nanogpt,
 }
+
+# the drawn family's parts besides ARCHITECTURE_CHOICES: norm placement and head count
+_PRE_LN_P = 0.75  # post-LN is the exception in practice (and needs the warmup it gets)
+_HEADS = (2, 4, 8)
+
+
+def _architecture(seed: int, index: int, d_model: int) -> dict:
+    """The ``drawn`` family's parts, each independent of the others and of the recipe.
+
+    From a stream of its own (``[seed, index, 0xA2C4]``), so the recipe's knobs are
+    drawn exactly as for any other family. Heads divide the width into even head dims
+    (rotary positions need them): every width of ``_SHAPES`` takes all of ``_HEADS``.
+    """
+    rng = np.random.default_rng([seed, index, 0xA2C4])
+    parts = {field: _choice(rng, choices) for field, choices in ARCHITECTURE_CHOICES.items()}
+    parts["pre_ln"] = bool(rng.random() < _PRE_LN_P)
+    heads = tuple(h for h in _HEADS if d_model % h == 0 and (d_model // h) % 2 == 0)
+    parts["n_head"] = _choice(rng, heads)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -427,11 +476,13 @@ class Focus:
 
     recipes: tuple[str, ...] = ()  # empty: every recipe
     optimizers: tuple[str, ...] = ()  # empty: every optimizer
+    families: tuple[str, ...] = ()  # empty: the three hand-written ones (FAMILY_SHARES)
 
     def __post_init__(self) -> None:
         for field, chosen, known in (
             ("recipes", self.recipes, {**RECIPES, **TOP_UP_RECIPES}),
             ("optimizers", self.optimizers, OPTIMIZER_SHARES),
+            ("families", self.families, {**FAMILY_SHARES, **TOP_UP_FAMILIES}),
         ):
             unknown = sorted(set(chosen) - set(known))
             if unknown:
@@ -442,12 +493,15 @@ class Focus:
 
     @property
     def tag(self) -> str:
-        """``constant_high+slow_ramp.lion+sgd``: part of the focused sweep's run ids."""
-        return ".".join("+".join(names) or "all" for names in (self.recipes, self.optimizers))
+        """``constant_high+slow_ramp.lion+sgd`` (``.drawn`` when families are chosen): part
+        of the focused sweep's run ids."""
+        chosen = (self.recipes, self.optimizers) + ((self.families,) if self.families else ())
+        return ".".join("+".join(names) or "all" for names in chosen)
 
     def shares(self, stream: str, shares: dict[str, float]) -> dict[str, float]:
         """``shares`` of a stream, narrowed to the chosen names and summing to 1 again."""
-        chosen = {"recipe": self.recipes, "optimizer": self.optimizers}[stream]
+        chosen = {"recipe": self.recipes, "optimizer": self.optimizers, "family": self.families}
+        chosen = chosen[stream]
         if not chosen:
             return shares  # as is: an unfocused sweep draws exactly what it always did
         total = sum(shares[k] for k in chosen)
@@ -463,9 +517,10 @@ def sample_config(
     rng = np.random.default_rng([seed, index])
     # top-up recipes only when chosen: an unfocused sweep draws exactly what it always did
     recipes = {**RECIPES, **TOP_UP_RECIPES} if focus.recipes else RECIPES
+    families = {**FAMILY_SHARES, **TOP_UP_FAMILIES} if focus.families else FAMILY_SHARES
     recipe = _stratified(seed, index, "recipe", focus.shares("recipe", recipes))
     ctx = {
-        "family": _stratified(seed, index, "family", FAMILY_SHARES),
+        "family": _stratified(seed, index, "family", focus.shares("family", families)),
         "optimizer": _stratified(
             seed, index, "optimizer", focus.shares("optimizer", OPTIMIZER_SHARES)
         ),
@@ -481,9 +536,11 @@ def sample_config(
     if ctx["family"] == "mha":
         knobs["qk_norm"] = False
     run_seed = int(rng.integers(2**31))
-    return RealRunConfig(
-        recipe=recipe, seed=run_seed, steps=steps, vocab_size=vocab, **ctx, **knobs
-    )
+    if ctx["family"] == "drawn":
+        knobs.update(_architecture(seed, index, knobs["d_model"]))
+    # a recipe may run for steps of its own (nanogpt)
+    knobs = {"steps": steps, **knobs}
+    return RealRunConfig(recipe=recipe, seed=run_seed, vocab_size=vocab, **ctx, **knobs)
 
 
 def sample_configs(

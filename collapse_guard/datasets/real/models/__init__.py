@@ -9,6 +9,9 @@ family             what it is
                    embeddings, optional qk-RMSNorm (``rope_swiglu.py``)
 ``mha``            attention through ``nn.MultiheadAttention``, learned positions,
                    GELU MLP, no qk-norm possible (``mha.py``)
+``drawn``          each part from the config: serial or parallel block, LayerNorm or
+                   RMSNorm, pre or post, learned / rotary / ALiBi / no positions,
+                   GELU or SwiGLU, tied or separate head (``drawn.py``)
 =================  ==============================================================
 
 All share ``decoder.Decoder`` (embeddings, init, head, loss) and ``layers`` (the
@@ -31,6 +34,7 @@ FAMILY_CLASSES: dict[str, tuple[str, str]] = {
     "gpt": ("gpt", "GPT"),
     "rope_swiglu": ("rope_swiglu", "RopeSwiGLU"),
     "mha": ("mha", "MHADecoder"),
+    "drawn": ("drawn", "Drawn"),
 }
 
 

@@ -29,6 +29,13 @@ class ModelConfig:
     pre_ln: bool = True  # False gives post-LN, which needs warmup to train at all
     init_scale: float = 1.0  # multiplies the 0.02 std of every weight init
     dropout: float = 0.0
+    # the architecture of the ``drawn`` family (``drawn.py``); the other families are
+    # built the one way each is, whatever these say
+    block: str = "serial"  # or "parallel": attention and MLP side by side
+    norm: str = "layernorm"  # or "rmsnorm"
+    positions: str = "learned"  # or "rope", "alibi", "none"
+    mlp: str = "gelu"  # or "swiglu"
+    tied: bool = False  # the head shares the token embedding
 
     def to_dict(self) -> dict:
         return asdict(self)

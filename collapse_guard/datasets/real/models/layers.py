@@ -1,8 +1,10 @@
-"""Layers the model families share: attention through SDPA, rotary positions, the MLPs.
+"""Layers the model families share: attention through SDPA, rotary and ALiBi positions, the MLPs.
 
 Every family's attention ends in ``F.scaled_dot_product_attention`` (looked up on
 ``F`` at call time, so the probe's capture sees it) or in ``nn.MultiheadAttention``
 (which the probe steers onto the same function): no family needs the probe's help.
+ALiBi's bias goes to SDPA as an additive ``attn_mask`` (with the causal mask folded in),
+which the probe's capture adds to the logits as SDPA does.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ResidualBlock", "Rotary", "SelfAttention", "SwiGLU", "gelu_mlp"]
+__all__ = ["ALiBi", "ResidualBlock", "Rotary", "SelfAttention", "SwiGLU", "gelu_mlp"]
 
 
 class Rotary(nn.Module):
@@ -42,12 +44,36 @@ class Rotary(nn.Module):
         return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
 
 
+class ALiBi(nn.Module):
+    """Attention with linear biases (Press et al. 2022): no position embedding; each head
+    subtracts ``slope * distance`` from its logits, with slopes a geometric series.
+
+    ``forward(seq)`` is the additive mask for SDPA, (head, seq, seq): the bias on the
+    keys a query may see, ``-inf`` on the later ones (so SDPA runs without ``is_causal``).
+    """
+
+    def __init__(self, n_head: int, seq_len: int):
+        super().__init__()
+        # the paper's slopes 2^(-8 h / n) for h = 1..n (exact for powers of two; a smooth
+        # series in between, which is all the bias needs)
+        slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1, dtype=torch.float32) / n_head)
+        position = torch.arange(seq_len, dtype=torch.float32)
+        distance = position[:, None] - position[None, :]  # query i, key j: i - j
+        bias = -slopes[:, None, None] * distance
+        bias = bias.masked_fill(distance < 0, -math.inf)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, seq: int) -> torch.Tensor:
+        return self.bias[:, :seq, :seq]
+
+
 class SelfAttention(nn.Module):
     """Causal multi-head self-attention: one qkv projection, optional qk-norm and rotary.
 
     ``norm`` builds the qk-norm layer (LayerNorm for the GPT, RMSNorm for the rotary
     family); ``qk_norm=False`` leaves q and k as projected, which lets attention logits
-    grow without bound at high LR (Wortsman et al. 2023).
+    grow without bound at high LR (Wortsman et al. 2023). ``alibi`` biases the logits by
+    distance instead of rotating q and k.
     """
 
     def __init__(
@@ -58,6 +84,7 @@ class SelfAttention(nn.Module):
         qk_norm: bool,
         norm: type[nn.Module] = nn.LayerNorm,
         rotary: Rotary | None = None,
+        alibi: ALiBi | None = None,
         bias: bool = True,
         dropout: float = 0.0,
     ):
@@ -74,6 +101,7 @@ class SelfAttention(nn.Module):
         self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm(self.head_dim) if qk_norm else nn.Identity()
         self.rotary = rotary
+        self.alibi = alibi
         self.dropout = dropout
 
     @property
@@ -91,8 +119,14 @@ class SelfAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        # looked up on F at call time: the probe's capture replaces it there
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q,
+            k,
+            v,
+            attn_mask=None if self.alibi is None else self.alibi(seq),
+            is_causal=self.alibi is None,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 
@@ -129,8 +163,10 @@ class ResidualBlock(nn.Module):
 
     Pre-norm (``x + f(norm(x))``, GPT-2 and later) or post-norm (``norm(x + f(x))``,
     the original Transformer, which diverges at high LR without warmup: Xiong et al.
-    2020). The parts are built in the order ``ln1, attn, ln2, mlp``: the seeded init
-    draws in that order.
+    2020). ``parallel`` (GPT-J, GPT-NeoX, PaLM) adds attention and MLP of the same input:
+    ``x + attn(ln1(x)) + mlp(ln2(x))``, or post-norm ``ln1(x + attn(x) + mlp(x))`` (one
+    norm: ``ln2`` is an identity). The parts are built in the order ``ln1, attn, ln2,
+    mlp``: the seeded init draws in that order.
     """
 
     def __init__(
@@ -141,15 +177,22 @@ class ResidualBlock(nn.Module):
         *,
         norm: Callable[[int], nn.Module] = nn.LayerNorm,
         pre_ln: bool = True,
+        parallel: bool = False,
     ):
         super().__init__()
         self.pre_ln = pre_ln
+        self.parallel = parallel
         self.ln1 = norm(d_model)
         self.attn = attention()
-        self.ln2 = norm(d_model)
+        # an unused norm would hold parameters that never get a gradient
+        self.ln2 = nn.Identity() if parallel and not pre_ln else norm(d_model)
         self.mlp = mlp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel and self.pre_ln:
+            return x + self.attn(self.ln1(x)) + self.mlp(self.ln2(x))
+        if self.parallel:
+            return self.ln1(x + self.attn(x) + self.mlp(x))
         if self.pre_ln:
             x = x + self.attn(self.ln1(x))
             return x + self.mlp(self.ln2(x))
