@@ -23,12 +23,12 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-__all__ = ["main", "mix_table"]
+__all__ = ["OUTCOMES", "main", "mix_table", "outcome"]
 
 DEVELOPS_LEAD = 50  # steps: issue 8 counts a collapse as developing at 50+ steps after
 
 
-def _outcome(meta) -> str:
+def outcome(meta) -> str:
     """``healthy``, ``sudden``, ``develops`` (>= 50 steps after) or ``develops<50``."""
     kind = meta.extra.get("onset_kind")
     if kind is None:
@@ -45,7 +45,7 @@ def mix_table(metas, key: str) -> list[str]:
     """Rows ``value: runs, healthy, develops, develops<50, sudden`` grouped by config ``key``."""
     groups: dict[str, Counter] = defaultdict(Counter)
     for meta in metas:
-        groups[str(meta.config.get(key))][_outcome(meta)] += 1
+        groups[str(meta.config.get(key))][outcome(meta)] += 1
     width = max(len(k) for k in groups) if groups else 4
     rows = [f"  {key:<{width}}  runs  " + "  ".join(f"{o:>11}" for o in OUTCOMES)]
     for value, counts in sorted(groups.items()):
@@ -111,12 +111,15 @@ def main() -> None:
         f"seconds per run (one worker): mean {statistics.mean(seconds):.1f}, "
         f"max {max(seconds):.1f}; ms per step: median {statistics.median(per_step):.0f}"
     )
-    outcomes = Counter(_outcome(m) for m in metas)
+    outcomes = Counter(outcome(m) for m in metas)
     print(
         "outcomes:",
         ", ".join(f"{o} {outcomes[o]} ({outcomes[o] / len(metas):.0%})" for o in OUTCOMES),
     )
-    for key in ("recipe", "family", "optimizer", "data"):
+    keys = ["recipe", "family", "optimizer", "data"]
+    if any(m.config.get("family") == "drawn" for m in metas):  # its parts are drawn too
+        keys += ["block", "norm", "pre_ln", "positions", "mlp", "tied", "n_head"]
+    for key in keys:
         print("\n".join(mix_table(metas, key)))
     collapsed = [m for m in metas if m.onset_step is not None]
     print("collapse causes:", dict(Counter(m.extra["collapse_cause"] for m in collapsed)))

@@ -35,7 +35,23 @@ recipe              weight  what it draws (LRs as multiples of the edge)
 ``safe_ramp``       top-up  learn at 0.05-0.2x, re-warm over 100-300 steps to 0.3-0.8x
                             (SGD 0.15-0.4x): slow_ramp's hard negative, drawn only by
                             a focused top-up (``TOP_UP_RECIPES``)
+``nanogpt``         top-up  the recipe most people train (nanoGPT / GPT-2): warmup
+                            over 2-10 %, cosine to 10 %, peak 0.3-3x, no qk-norm,
+                            weight decay 0.1, clip 1.0, beta2 0.95 or 0.99 (AdamW),
+                            1,500-2,500 steps of its own: healthy, or a collapse late
+                            in the run with no trigger after step 0 (issue 20)
 ==================  ======  =========================================================
+
+A focused top-up may also draw the ``drawn`` model family (``TOP_UP_FAMILIES``,
+``--families drawn``), whose block (serial or parallel), norm (LayerNorm or RMSNorm,
+pre or post), positions (learned, rotary, ALiBi, none), MLP (GELU or SwiGLU), tied head
+and head count (2, 4, 8) are each drawn independently (``_architecture``) and recorded
+in the config: a held-out evaluation can leave out one part rather than one family.
+Two pilots of ``nanogpt`` (2,000 steps, warmup 100; /root/cg-data/issue20/pilot): at 3x
+the AdamW edge (serial pre-LN RMSNorm, learned positions, 2x64, the language of 128 ids)
+the loss hovered near 4.2 nats, then rose from step ~650 (onset 677, ``develops``, the
+attention one-hot); at 1.5x (parallel, RoPE, 2x96, bytes) it trained, noisily, and stayed
+healthy: the edge of 0.04 holds for this recipe too, so its LRs straddle it.
 
 Measured on the first 60 runs of the seed-0 sweep (1,000 steps, ``benchmarks/real_runs.py
 --report-only``; "develops" = onset 50+ steps after its latest trigger, "<50" = 10-49):
