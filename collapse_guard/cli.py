@@ -21,6 +21,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
 from collapse_guard.errors import is_user_error, print_error
+from collapse_guard.predictor.calibrate_cli import calibrate_command
 from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
 from collapse_guard.predictor.retrain_cli import retrain as retrain_command
 from collapse_guard.service.cli import serve_command
@@ -113,6 +114,9 @@ app.command(
     name="retrain",
     help="Retrain on new runs; the challenger becomes champion only by the promotion rule.",
 )(retrain_command)
+app.command(name="calibrate", help="Set a model's alarm levels on your own healthy runs.")(
+    calibrate_command
+)
 app.command(name="evaluate", help="Evaluate a risk model beside the baselines.")(evaluate_command)
 app.command(name="predict", help="Score one run and plot its risk.")(predict_command)
 app.command(

@@ -35,6 +35,7 @@ false-alarm budget. The comparison is logged whether or not the alias moves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
@@ -65,6 +66,7 @@ __all__ = [
     "TrainingRecord",
     "champion_version",
     "ensure_experiment",
+    "log_calibration",
     "log_result",
     "log_training",
     "training_params",
@@ -315,3 +317,53 @@ def log_result(
             model_name=model_name,
             tags=tags,
         )
+
+
+def log_calibration(
+    model: RiskModel,
+    *,
+    experiment: str = DEFAULT_EXPERIMENT,
+    model_name: str = MODEL_NAME,
+    alias: str | None = None,
+) -> TrainingRecord:
+    """Register a model from ``recalibrate.calibrate`` as a version of ``model_name``.
+
+    The MLflow run and the version name what it was calibrated from: the base version, the
+    calibration runs (tag ``calibrated_on``: their count and a digest; artifact
+    ``calibrated_on.json``: the ids) and each level's evidence. Its levels were set on runs
+    no benchmark holds, so the promotion rule has nothing to compare it on: the champion
+    alias moves only to a first model; ``alias`` (e.g. ``setup-llama``) points a name at it.
+    """
+    ids = list(model.meta["calibrated_on"])
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+    evidence = model.meta["levels_evidence"]
+    named = {
+        "calibrated_on": f"{len(ids)} runs, sha256 {digest}",
+        "base_model_version": str(model.meta["base_version"]),
+    }
+    record = log_training(
+        model,
+        params={
+            "base_version": model.meta["base_version"],
+            "calibration_runs": len(ids),
+            "confidence": model.meta["levels_from"]["confidence"],
+            **{f"threshold.{k}": v for k, v in model.thresholds.items()},
+            **{f"certified.{k}": e["certified"] for k, e in evidence.items()},
+        },
+        fingerprint=digest,
+        metrics={"healthy_steps": float(model.meta["threshold_healthy_steps"])},
+        experiment=experiment,
+        model_name=model_name,
+        tags=named,
+    )
+    client = store.use_store()
+    client.log_text(
+        record.run_id,
+        json.dumps({"calibrated_on": ids, "levels_evidence": evidence}, indent=2),
+        "calibrated_on.json",
+    )
+    for key, value in named.items():
+        client.set_model_version_tag(model_name, record.version, key, value)
+    if alias:
+        client.set_registered_model_alias(model_name, alias, record.version)
+    return record

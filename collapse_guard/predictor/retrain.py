@@ -16,7 +16,9 @@ dataset         every readable run under ``<base>``; unreadable files are report
 benchmark       the frozen benchmark (``predictor.benchmark``): recorded in MLflow once,
                 reused by every retrain; its runs are never trained on
 challenger      trained on the dataset minus the benchmark (``train_risk_model``; with
-                ``dask``, the training rows are computed on the cluster); logged and
+                ``dask``, the training rows are computed on the cluster); its levels
+                set again on this retrain's new healthy runs it did not train on (the
+                fleet's own set-up: ``predictor.recalibrate``), when there are any; logged and
                 registered with the tag ``collapse_guard.retrain_key``: the hash of the
                 training runs' labels, the benchmark and the settings
 promotion       inside the same logging (``registry.log_training``): challenger and
@@ -203,6 +205,30 @@ def _train(paths: Sequence[Path], settings: Mapping[str, Any], dask, progress):
         return train_risk_model(paths, **settings, progress=progress, **extra)
 
 
+def _recalibrated(result, dataset: Mapping[str, Path], new: Sequence[str], progress):
+    """The challenger with its levels set on the new healthy runs it did not train on.
+
+    They are runs of the set-up the fleet trains now, which levels set on the dataset's
+    mix of set-ups need not fit (``predictor.recalibrate``); once calibrated on, they are
+    validation runs of the model, so promotion does not score it on them.
+    """
+    from dataclasses import replace
+
+    from collapse_guard.predictor.recalibrate import calibrate
+
+    trained = set(result.ids("train"))
+    healthy = [
+        dataset[r]
+        for r in new
+        if r in dataset and r not in trained and read_meta(dataset[r]).onset_step is None
+    ]
+    if not healthy:
+        return result
+    model = calibrate(result.model, healthy)
+    _log(progress, f"levels: set on {len(healthy)} new healthy runs it did not train on")
+    return replace(result, model=model)
+
+
 def _comparison_runs(runs: Mapping[str, Path], benchmark: FrozenBenchmark, new: Sequence[str]):
     ids = sorted({*(r for r in benchmark.run_ids if r in runs), *new})
     return load_runs([runs[r] for r in ids])
@@ -343,6 +369,7 @@ def retrain(
     horizon: int = HORIZON,
     dask: str | None = None,
     require_new: bool = False,
+    recalibrate: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> RetrainResult:
     """Ingest ``runs`` into ``base``, train a challenger, compare, promote by the rule.
@@ -362,6 +389,8 @@ def retrain(
         dask: train on Dask: ``"local"`` or a scheduler address (``predictor.fleet``).
         require_new: raise ``UserInputError`` when no run among ``runs`` is accepted
             (the command: a retrain on nothing new is a mistake, not a job).
+        recalibrate: set the challenger's levels on the new healthy runs it did not train
+            on (``recalibrate.calibrate``); False keeps the levels of its validation runs.
         progress: called with a line of text after each step.
     """
     from collapse_guard.predictor.registry import (
@@ -401,7 +430,9 @@ def retrain(
         "budgets": dict(budgets or DEFAULT_BUDGETS),
         "horizon": horizon,
     }
-    key = _retrain_key(training, benchmark, {**settings, "model": model_name})
+    key = _retrain_key(
+        training, benchmark, {**settings, "model": model_name, "recalibrate": recalibrate}
+    )
     common = {
         "ingest": report,
         "unreadable": tuple(unreadable),
@@ -421,6 +452,8 @@ def retrain(
             return _resumed(attempt, model_name, record, **common)
         _abandon(attempt.info.run_id, model_name)
     result = _train(sorted(training.values()), settings, dask, progress)
+    if recalibrate:
+        result = _recalibrated(result, dataset, report.run_ids, progress)
     comparison = _comparison_runs(dataset, benchmark, report.run_ids)
     logged = _log_challenger(result, comparison, key, benchmark, experiment, model_name)
     _log(progress, f"v{logged.version}: {'promoted' if logged.promoted else 'kept out'}")

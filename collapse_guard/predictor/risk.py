@@ -117,6 +117,26 @@ class RiskModel:
         self._thresholds = {k: float(thresholds[k]) for k in LEVELS}
         return self
 
+    def calibrate(
+        self,
+        runs,
+        *,
+        budgets: Mapping[str, float] | None = None,
+        confidence: float | None = None,
+    ) -> RiskModel:
+        """A copy whose levels hold their budgets on your healthy ``runs`` (run files, folders
+        of them or frames); booster, probability calibration and hold unchanged.
+
+        See :func:`collapse_guard.predictor.recalibrate.calibrate` (how few healthy steps
+        are handled, what is refused).
+        """
+        # imported here: it reads run files (pyarrow, labelling), which scoring never needs
+        from collapse_guard.predictor import recalibrate
+
+        if confidence is None:
+            confidence = recalibrate.DEFAULT_CONFIDENCE
+        return recalibrate.calibrate(self, runs, budgets=budgets, confidence=confidence)
+
     def level(self, p: float) -> str:
         """ "ok", "watch", "warn" or "critical" for a calibrated probability ``p``."""
         if not self._thresholds:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_PLAIN_IDS", "ROLES", "SeenRuns", "hash_run_id", "stored_ids"]
+__all__ = ["MAX_PLAIN_IDS", "ROLES", "SeenRuns", "hash_run_id", "merged_ids", "stored_ids"]
 
 MAX_PLAIN_IDS = 5_000  # ids kept readable; ~30 bytes each, so <= ~150 KB per list
 _HASH_PREFIX = "sha256:"
@@ -35,6 +35,15 @@ def stored_ids(ids: Iterable[str]) -> list[str]:
     """Sorted ids as stored in a model's meta: plain, or hashed past MAX_PLAIN_IDS."""
     ids = sorted(set(ids))
     return ids if len(ids) <= MAX_PLAIN_IDS else sorted(hash_run_id(i) for i in ids)
+
+
+def merged_ids(stored: Iterable[str], ids: Iterable[str]) -> list[str]:
+    """A stored list (plain or hashed) with more plain ids added, as :func:`stored_ids` keeps
+    it: once one stored id is a hash, every id is (a hash cannot be turned back)."""
+    stored = list(stored)
+    if any(i.startswith(_HASH_PREFIX) for i in stored):
+        return sorted({*stored, *map(hash_run_id, ids)})
+    return stored_ids([*stored, *ids])
 
 
 @dataclass(frozen=True)
