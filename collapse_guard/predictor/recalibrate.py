@@ -1,4 +1,4 @@
-"""Levels set on a user's own healthy runs: the model kept, its ``watch``/``warn``/``critical`` moved.
+"""Levels set on a user's own healthy runs: the model kept, its alarm levels moved.
 
 A model ranks the steps before a collapse well on set-ups it never saw, but its probability
 scale shifts from one set-up to another, so levels set on the families it was trained on

@@ -9,6 +9,7 @@ import os
 import mlflow
 import pytest
 import torch
+from lifecycle_settings import TRAINING
 from support import serve_process, wait_ready
 
 from collapse_guard.datasets.runfile import read_meta, read_run
@@ -18,7 +19,6 @@ from collapse_guard.predictor.recalibrate import calibrate
 from collapse_guard.predictor.retrain import retrain
 from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.service.client import RiskClient
-from lifecycle_settings import TRAINING
 
 
 @pytest.fixture(scope="module")
