@@ -331,3 +331,10 @@ def test_a_retrain_that_fails_after_its_ingest_still_names_the_files_it_skipped(
     assert f"skipped {damaged}: " in " ".join(result.stdout.split())
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.output, result.stderr
+
+
+def test_predict_plot_into_a_missing_folder_is_one_line_and_makes_no_folder(runs_dir, tmp_path):
+    run = next(runs_dir.glob("*.parquet"))
+    plot = tmp_path / "nonexistent" / "dir" / "x.png"
+    _one_line_error(["predict", str(run), "--plot", str(plot)], f"{plot.parent} does not exist")
+    assert not (tmp_path / "nonexistent").exists()

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
+    "check_signal_columns",
     "check_steps",
     "dense_grid",
     "frame_arrays",
@@ -56,6 +57,47 @@ def check_steps(steps: np.ndarray | Sequence[int]) -> np.ndarray:
     return out
 
 
+def _folded(name: object) -> str:
+    # how a column may be misspelt and still mean a signal: case and separators
+    return str(name).strip().lower().replace("-", "_").replace(" ", "_").replace("/", "_")
+
+
+def check_signal_columns(columns: Sequence[object], signals: Sequence[str]) -> None:
+    """UserInputError unless the columns hold at least one of ``signals`` and none that
+    looks like a signal spelt otherwise (``Loss``, ``grad-norm``).
+
+    Either mistake would otherwise score a run whose signals are all missing: NaN
+    features, and a low risk that reads as "all is well" (issue 21: 0.041 for a run whose
+    loss column was ``Loss``). Columns that are neither (``event``, anything else) pass.
+    """
+    from collapse_guard.errors import UserInputError
+    from collapse_guard.signals import SIGNAL_NAMES
+
+    names = set(map(str, columns))
+    canonical = {_folded(s): s for s in SIGNAL_NAMES}
+    lookalikes = {
+        c: canonical[_folded(c)]
+        for c in sorted(names - set(SIGNAL_NAMES))
+        if _folded(c) in canonical
+    }
+    if not lookalikes and names & set(signals):
+        return
+    expected = ", ".join(signals)
+    if lookalikes:
+        renames = ", ".join(f"{c!r} -> {s!r}" for c, s in lookalikes.items())
+        raise UserInputError(
+            f"unknown column(s) {sorted(lookalikes)} look like signals spelt otherwise "
+            f"(names are case-sensitive); expected signal columns among: {expected}",
+            f"rename them: {renames}",
+        )
+    others = sorted(names - {"step"})
+    raise UserInputError(
+        f"the frame has none of the signal columns the features read; got columns "
+        f"{others}; expected signal columns among: {expected}",
+        "name the columns as the probe writes them (collapse_guard.signals), e.g. 'loss'",
+    )
+
+
 def frame_arrays(frame: pd.DataFrame, signals: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(steps, values)``: int64 steps and ``(n_signals, rows)`` float64 values.
 
@@ -68,6 +110,8 @@ def frame_arrays(frame: pd.DataFrame, signals: Sequence[str]) -> tuple[np.ndarra
             f"expected a DataFrame with a 'step' column plus signal columns; got {got}; "
             "add the step counter as column 'step' (e.g. frame.reset_index() if it is the index)"
         )
+    if len(frame):  # an empty frame has its own error (the extractor's)
+        check_signal_columns(frame.columns, signals)
     steps = check_steps(frame["step"].to_numpy())
     values = np.full((len(signals), len(steps)), np.nan, dtype=np.float64)
     present = [i for i, s in enumerate(signals) if s in frame.columns]
@@ -95,7 +139,7 @@ def frame_tail(
     column names, an old or new pandas) takes :func:`frame_arrays`, which has the
     error messages.
     """
-    if not isinstance(frame, pd.DataFrame) or "step" not in frame.columns:
+    if not isinstance(frame, pd.DataFrame) or "step" not in frame.columns or not len(frame):
         return frame_arrays(frame, signals)
     positions = _positions(frame.columns, tuple(signals))
     start = max(len(frame) - rows, 0)
@@ -126,6 +170,7 @@ def _positions(columns: pd.Index, signals: tuple[str, ...]) -> list[int] | None:
     cached = _POSITIONS.get(signals)
     if cached is not None and cached[0].is_(columns):
         return cached[1]
+    check_signal_columns(columns, signals)  # once per set of columns: cached below
     positions: list[int] | None = []
     for name in ("step", *signals):
         loc = columns.get_loc(name) if name in columns else -1

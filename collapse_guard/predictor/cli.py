@@ -300,6 +300,11 @@ def predict_command(
     from collapse_guard.datasets.summary import outcome
     from collapse_guard.predictor.plots import run_risk_plot
 
+    if plot is not None and not plot.parent.is_dir():  # before the scoring; never made here
+        raise UserInputError(
+            f"--plot {plot}: the folder {plot.parent} does not exist",
+            "create it first, or pass a path in an existing folder",
+        )
     console = Console()
     frame, meta = read_run(run)
     risk_model = load_risk_model(model)

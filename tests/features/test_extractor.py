@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import collapse_guard.features.extractor as extractor_module
+from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
 
 from .traces import muon_log_run, probe_like_run
@@ -110,6 +111,26 @@ def test_unknown_columns_are_ignored():
 def test_bad_frames_say_what_and_how_to_fix(frame, message):
     with pytest.raises(ValueError, match=message):
         FeatureExtractor().transform_window(frame)
+
+
+@pytest.mark.parametrize("call", ["transform_run", "transform_window"])
+def test_a_misspelt_or_absent_signal_column_is_refused_not_scored_as_healthy(call):
+    # issue 21: a frame whose loss column was "Loss" scored 0.041, as if all were well
+    fx = FeatureExtractor()
+    steps = np.arange(300)
+    misspelt = pd.DataFrame({"step": steps, "Loss": 3.0 - steps / 300, "grad-norm": 1.0})
+    with pytest.raises(UserInputError) as info:
+        getattr(fx, call)(misspelt)
+    message = str(info.value)
+    assert "['Loss', 'grad-norm']" in message  # the unknown names
+    assert "'Loss' -> 'loss'" in message and "'grad-norm' -> 'grad_norm'" in message
+    assert "expected signal columns among: loss, loss_nonfinite, lr," in message
+    # a frame with none of the signals: its columns and the expected names
+    with pytest.raises(UserInputError, match=r"none of the signal columns.*\['foo'\].*loss, "):
+        getattr(fx, call)(pd.DataFrame({"step": steps, "foo": 1.0}))
+    # one signal is enough; other columns (event, notes) pass as before
+    fine = pd.DataFrame({"step": steps, "loss": 3.0 - steps / 300, "notes": "x"})
+    assert np.isfinite(np.asarray(getattr(fx, call)(fine))).any()
 
 
 def test_bad_arguments():
