@@ -66,6 +66,7 @@ __all__ = [
     "calibrate",
     "healthy_levels",
     "steps_needed",
+    "tail_slope",
 ]
 
 # One-sided confidence of the Poisson bound on the false-alarm rate: 0.9 is the usual
@@ -129,9 +130,11 @@ def _certified(
     return None
 
 
-def _tail_slope(values: np.ndarray) -> float:
-    """Log-odds per decade of exceedance, from the top ``_TAIL_SHARE`` of steps to the top."""
-    z = _logit(values)
+def tail_slope(values: np.ndarray) -> float:
+    """Log-odds per decade of exceedance of risks ``values``, from the top ``_TAIL_SHARE`` of
+    steps to the highest one (the slope level extrapolation climbs at)."""
+    values = np.asarray(values, dtype=np.float64)
+    z = _logit(values[np.isfinite(values)])
     decades = math.log10(_TAIL_SHARE * z.size)
     if decades <= 0:
         return MIN_TAIL_SLOPE
@@ -159,7 +162,7 @@ def healthy_levels(
             f"give runs of at least one risk window each (the model reads {len(cleaned)} "
             "runs with no finite risk)",
         )
-    candidates, slope = np.unique(values), _tail_slope(values)
+    candidates, slope = np.unique(values), tail_slope(values)
     out: dict[str, LevelEvidence] = {}
     floor = -math.inf
     for level in LEVELS:
