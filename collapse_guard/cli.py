@@ -5,6 +5,10 @@ so that the parts stay independent and ``collapse-guard --help`` stays fast: no 
 module imports torch, mlflow, lightgbm or bentoml before its command runs
 (``tests/test_command_line.py``).
 
+Output. Off a terminal (a pipe, a CI log) rich's output is :data:`PIPE_COLUMNS` wide
+unless ``COLUMNS`` says otherwise, and MLflow draws no download progress bars
+(:func:`command_environment`).
+
 Errors. Every command's bad input (a damaged or foreign file, a missing model, too few
 runs; ``collapse_guard.errors.is_user_error``) ends here as one line on stderr and exit
 code 2, whichever command raised it; ``--debug`` shows the traceback instead. Any other
@@ -13,6 +17,10 @@ exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -26,7 +34,13 @@ from collapse_guard.predictor.cli import evaluate_command, predict_command, trai
 from collapse_guard.predictor.retrain_cli import retrain as retrain_command
 from collapse_guard.service.cli import serve_command
 
-__all__ = ["ErrorHandlingGroup", "app", "spread_repeated_options"]
+__all__ = [
+    "PIPE_COLUMNS",
+    "ErrorHandlingGroup",
+    "app",
+    "command_environment",
+    "spread_repeated_options",
+]
 
 _DEBUG = "debug"  # the global option's parameter name
 
@@ -62,6 +76,29 @@ def spread_repeated_options(command, args: list[str]) -> list[str]:
     return out
 
 
+# Columns of rich's output when stdout is no terminal (a pipe, a CI log, `| tee`): rich's
+# own default there is 80, which wraps table rows, titles and notes mid-line.
+PIPE_COLUMNS = 200
+
+
+@contextmanager
+def command_environment() -> Iterator[None]:
+    """The environment every command runs in, as the user's own settings leave it:
+    wide output off a terminal (``COLUMNS``, unless set) and no MLflow download progress
+    bars (they filled ``evaluate`` and ``serve``). Restored afterwards: the command may
+    run inside another program (tests, a notebook)."""
+    wanted = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    if not sys.stdout.isatty():
+        wanted["COLUMNS"] = str(PIPE_COLUMNS)
+    added = [name for name in wanted if name not in os.environ]
+    os.environ.update({name: wanted[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 class ErrorHandlingGroup(TyperGroup):
     """The top-level group: a user error from any command, however deep, is caught here;
     and an option that may be repeated takes many values (:func:`spread_repeated_options`).
@@ -75,7 +112,8 @@ class ErrorHandlingGroup(TyperGroup):
 
     def invoke(self, ctx: typer.Context):
         try:
-            return super().invoke(ctx)
+            with command_environment():
+                return super().invoke(ctx)
         except Exception as error:
             if ctx.params.get(_DEBUG) or not is_user_error(error):
                 raise

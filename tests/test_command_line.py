@@ -338,3 +338,55 @@ def test_predict_plot_into_a_missing_folder_is_one_line_and_makes_no_folder(runs
     plot = tmp_path / "nonexistent" / "dir" / "x.png"
     _one_line_error(["predict", str(run), "--plot", str(plot)], f"{plot.parent} does not exist")
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_commands_run_wide_off_a_terminal_without_mlflow_bars_and_restore_the_env(
+    runs_dir, tmp_path, monkeypatch
+):
+    for name in ("COLUMNS", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)  # absent, and put back as it was after the test
+    seen = {}
+    probe = typer.Typer(cls=ErrorHandlingGroup)
+
+    @probe.command()
+    def env() -> None:
+        seen.update(
+            {k: os.environ.get(k) for k in ("COLUMNS", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")}
+        )
+
+    @probe.command()
+    def other() -> None:  # a group of two: `env` stays a sub-command
+        pass
+
+    assert CliRunner().invoke(probe, ["env"]).exit_code == 0
+    # rich's default off a terminal is 80 columns; MLflow's download bars filled the output
+    assert seen == {"COLUMNS": "200", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    assert "COLUMNS" not in os.environ  # the command's settings do not outlive it
+    monkeypatch.setenv("COLUMNS", "100")  # the user's own setting wins
+    CliRunner().invoke(probe, ["env"])
+    assert seen["COLUMNS"] == "100"
+    # a real command: predict's summary of an unlabelled run (~120 characters) is one
+    # line, not wrapped
+    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
+
+    frame, _ = read_run(next(runs_dir.glob("*.parquet")))
+    path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))
+    monkeypatch.delenv("COLUMNS")
+    result = CliRunner().invoke(app, ["predict", str(path)])
+    (summary,) = [line for line in result.output.splitlines() if line.startswith("onset:")]
+    assert len(summary) > 80 and "; model default-" in summary, result.output
+
+
+def test_what_the_readmes_commands_write_is_git_ignored():
+    # `collapse-guard demo` writes guard-demo/, the README's predict writes risk.png
+    root = Path(__file__).resolve().parents[1]
+    paths = ["guard-demo/demo.png", "guard-demo/guarded/run-1.parquet", "risk.png"]
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.split() == paths, done.stderr

@@ -107,7 +107,6 @@ def retrain(
     Running it again after a crash finishes the job; running it again after it finished
     changes nothing.
     """
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _use_tracking_uri(tracking_uri)
     from rich.console import Console
 
