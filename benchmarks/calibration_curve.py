@@ -17,9 +17,12 @@ sudden ones are the guard's reactive path, counted apart). Pooled over set-ups a
   of held-out healthy runs with any alarm episode (a guard acts on an early warning too);
 
 beside the reactive rules as their originals fire them, on the same runs (they have no
-levels to calibrate). Scores depend on the model and the run only, so each run is scored
-once; the levels are those ``calibrate`` sets (checked against ``RiskModel.calibrate`` on
-the first draw). Runs the model trained on are refused, as ``calibrate`` refuses them.
+levels to calibrate). ``--others`` adds a row "others": levels calibrated on the healthy runs
+of every *other* set-up, scored on this one (what shipping levels calibrated on a broad
+sweep of healthy runs would give on a component it never saw). Scores depend on the model
+and the run only, so each run is scored once; the levels are those ``calibrate`` sets
+(checked against ``RiskModel.calibrate`` on the first draw). Runs the model trained on are
+refused, as ``calibrate`` refuses them.
 """
 
 from __future__ import annotations
@@ -110,6 +113,23 @@ def _score(tally: Tally, runs: list[ScoredRun], threshold: float) -> None:
         _run_level(run, threshold, tally)
 
 
+def _others(groups: dict, risks: dict, budgets) -> Tally:
+    """Each set-up scored at levels calibrated on every other set-up's healthy runs."""
+    tally = Tally()
+    for g, members in groups.items():
+        healthy = [
+            risks[r.run_id]
+            for other, rs in groups.items()
+            if other != g
+            for r in rs
+            if r.meta.onset_step is None
+        ]
+        if healthy:
+            warn = healthy_levels(healthy, budgets)["warn"].threshold
+            _score(tally, [_scored(r, risks[r.run_id]) for r in members], warn)
+    return tally
+
+
 def _baselines(records) -> list[dict]:
     report = evaluate_runs(records, None, [b() for b in RULE_BASELINES], groupings=())
     rows = []
@@ -156,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", nargs="+", type=int, default=[0, 3, 5, 10])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--others", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
 
@@ -211,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                         checked = True
                 test = [_scored(r, risks[r.run_id]) for r in members if r.run_id not in chosen]
                 _score(tallies[k], test, thresholds["warn"])
+    rows = [t.row(k) for k, t in tallies.items()]
+    if args.others:
+        rows.append(_others(groups, risks, model.budgets).row("others"))
     print(f"calibrate, by {args.by}: pooled over set-ups and {args.repeats} draws of K runs")
-    _print([t.row(k) for k, t in tallies.items()], args.markdown)
+    _print(rows, args.markdown)
     print("reactive rules as their originals fire them, on every kept run")
     _print(_baselines(kept), args.markdown)
     return 0

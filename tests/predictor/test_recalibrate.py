@@ -4,6 +4,9 @@ levels are known, and end to end (save, load, MLflow, the command line)."""
 from __future__ import annotations
 
 import math
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -194,3 +197,18 @@ def test_calibrate_command_writes_a_model_and_says_what_backs_each_level(
     assert "collapsed" in again.output and "Traceback" not in again.output
     taken = runner.invoke(app, ["calibrate", "--runs", *map(str, healthy_fresh), "--out", str(out)])
     assert taken.exit_code == 2 and "not empty" in taken.output
+
+
+def test_the_readme_example_runs_as_written(healthy_fresh, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (block,) = re.findall(
+        r"```py\n(from collapse_guard.predictor import RiskModel\nmine.*?)```", readme, re.S
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "healthy").mkdir(parents=True)
+    for path in healthy_fresh:
+        shutil.copy(path, tmp_path / "runs" / "healthy")
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert RiskModel.load("models/my-setup").thresholds == namespace["mine"].thresholds
+    assert namespace["mine"].meta["levels_evidence"]["warn"]["healthy_steps"] > 0
