@@ -36,7 +36,8 @@ recipe              weight  what it draws (LRs as multiples of the edge)
                             (SGD 0.15-0.4x): slow_ramp's hard negative, drawn only by
                             a focused top-up (``TOP_UP_RECIPES``)
 ``nanogpt``         top-up  the recipe most people train (nanoGPT / GPT-2): warmup
-                            over 2-10 %, cosine to 10 %, peak 0.3-3x, no qk-norm,
+                            over 2-10 %, cosine to 10 %, peak 0.6-6x (0.3-3x its own
+                            edge, ``NANOGPT_EDGE``), no qk-norm,
                             weight decay 0.1, clip 1.0, beta2 0.95 or 0.99 (AdamW),
                             1,500-2,500 steps of its own: healthy, or a collapse late
                             in the run with no trigger after step 0 (issue 20)
@@ -47,11 +48,13 @@ A focused top-up may also draw the ``drawn`` model family (``TOP_UP_FAMILIES``,
 pre or post), positions (learned, rotary, ALiBi, none), MLP (GELU or SwiGLU), tied head
 and head count (2, 4, 8) are each drawn independently (``_architecture``) and recorded
 in the config: a held-out evaluation can leave out one part rather than one family.
-Two pilots of ``nanogpt`` (2,000 steps, warmup 100; /root/cg-data/issue20/pilot): at 3x
-the AdamW edge (serial pre-LN RMSNorm, learned positions, 2x64, the language of 128 ids)
-the loss hovered near 4.2 nats, then rose from step ~650 (onset 677, ``develops``, the
-attention one-hot); at 1.5x (parallel, RoPE, 2x96, bytes) it trained, noisily, and stayed
-healthy: the edge of 0.04 holds for this recipe too, so its LRs straddle it.
+Its edge was measured on two pilots (2,000 steps, warmup 100; /root/cg-data/issue20/pilot)
+and the first 7 runs of a sweep drawn at 0.3-3x the ramp edge itself
+(/root/cg-data/issue20/nanogpt-edge1x): at 3x (serial pre-LN RMSNorm, learned positions,
+2x64, the language of 128 ids) the loss hovered near 4.2 nats, then rose from step ~650
+(onset 677, ``develops``, the attention one-hot, the LR decayed to 2.4x); at 0.4-1.9x
+all 8 runs stayed healthy. A decaying LR is gentler than a ramp to the same peak, so the
+recipe draws around an edge of its own, twice the ramp's (``NANOGPT_EDGE``).
 
 Measured on the first 60 runs of the seed-0 sweep (1,000 steps, ``benchmarks/real_runs.py
 --report-only``; "develops" = onset 50+ steps after its latest trigger, "<50" = 10-49):
@@ -106,6 +109,7 @@ from collapse_guard.datasets.real.config import ARCHITECTURE_CHOICES, RealRunCon
 __all__ = [
     "DATA_SHARES",
     "FAMILY_SHARES",
+    "NANOGPT_EDGE",
     "OPTIMIZER_SHARES",
     "RECIPES",
     "STABLE_EDGE",
@@ -342,18 +346,25 @@ def _safe_ramp(rng, steps, knobs, edge, ctx) -> dict:
     }
 
 
+# The nanogpt recipe's own edge, in multiples of STABLE_EDGE (measured, issue 20: with
+# warmup then cosine, AdamW runs at 0.4-1.9x stayed healthy (7 of 7), a pilot at 3x
+# collapsed 677 steps in, after a decay to 2.4x): a decaying LR is gentler than a ramp
+NANOGPT_EDGE = 2.0
+
+
 def _nanogpt(rng, steps, knobs, edge, ctx) -> dict:
     """The recipe most people train (nanoGPT, GPT-2): warmup, cosine to 10 %, AdamW.
 
-    Peak LR from 0.3x to 3x the edge, no qk-norm, weight decay 0.1, clipping at 1.0,
-    beta2 0.95 or 0.99, and 1,500-2,500 steps of its own (the sweep's ``steps`` is not
-    used): whatever goes wrong goes wrong without a trigger after step 0, late or not at
-    all. With Lion or SGD it keeps that optimizer's own betas and weight decay.
+    Peak LR from 0.3x to 3x the recipe's own edge (``NANOGPT_EDGE``: 0.6-6x the ramp
+    edge), no qk-norm, weight decay 0.1, clipping at 1.0, beta2 0.95 or 0.99, and
+    1,500-2,500 steps of its own (the sweep's ``steps`` is not used): whatever goes
+    wrong goes wrong without a trigger after step 0, late or not at all. With Lion or
+    SGD it keeps that optimizer's own betas and weight decay.
     """
     own_steps = int(rng.integers(1500, 2501))
     drawn = {
         "steps": own_steps,
-        "lr": edge * _log_uniform(rng, 0.3, 3.0),
+        "lr": NANOGPT_EDGE * edge * _log_uniform(rng, 0.3, 3.0),
         "warmup_steps": int(own_steps * rng.uniform(0.02, 0.1)),
         "min_lr_ratio": 0.1,
         "qk_norm": False,
