@@ -390,3 +390,36 @@ def test_what_the_readmes_commands_write_is_git_ignored():
         timeout=60,
     )
     assert done.stdout.split() == paths, done.stderr
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [(["data", "real", "--n", "2", "--steps", "5"], "--scheduler"), (["train"], "--dask")],
+)
+def test_a_dask_scheduler_that_is_not_there_is_one_line_within_seconds(
+    runs_dir, store_env, command, option
+):
+    import time
+
+    import distributed  # noqa: F401  (imported before the clock starts: seconds on its own)
+
+    from collapse_guard._scheduler import CONNECT_TIMEOUT_S
+
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    where = ["--out", str(store_env.parent / "real")] if command[0] == "data" else []
+    runs = ["--runs", str(runs_dir)] if command[0] == "train" else []
+    began = time.perf_counter()
+    line = _one_line_error(
+        [*command, *where, *runs, option, address], f"{option} {address}", "no Dask scheduler"
+    )
+    # distributed's own default waited 30 s, then printed ~190 lines of traceback
+    assert time.perf_counter() - began < CONNECT_TIMEOUT_S + 15, line

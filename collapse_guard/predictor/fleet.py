@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import partial
 
+from collapse_guard._scheduler import scheduler_client
+from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.train import RowBuilder
 from collapse_guard.predictor.training_data import (
@@ -55,10 +57,10 @@ def fleet_client(scheduler: str = "local"):
             yield client
         return
     if "://" not in scheduler:
-        raise ValueError(
+        raise UserInputError(
             f"--dask expects 'local' or a scheduler address like tcp://host:8786; got {scheduler!r}"
         )
-    with Client(scheduler) as client:
+    with scheduler_client(scheduler, "--dask") as client:  # fails fast, as one line
         yield client
 
 

@@ -65,10 +65,11 @@ def _results_from_pool(tasks: list[tuple[dict, str, str]], workers: int) -> Iter
 
 
 def _results_from_dask(tasks: list[tuple[dict, str, str]], scheduler: str) -> Iterator[RunResult]:
-    from distributed import Client
     from distributed import as_completed as dask_completed
 
-    with Client(scheduler) as client:
+    from collapse_guard._scheduler import scheduler_client
+
+    with scheduler_client(scheduler, "--scheduler") as client:
         # pure=False: a run is a side effect (a file), never deduplicated by Dask
         futures = [
             client.submit(run_task, *task, key=f"collapse-guard-{task[2]}", pure=False)
