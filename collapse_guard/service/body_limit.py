@@ -1,4 +1,5 @@
-"""Refuse request bodies over the size limit with 413, before anything parses them.
+"""Refuse request bodies over the size limit with 413, and stalled ones with 408,
+before anything parses them.
 
 BentoML has no limit of its own (../shared/STACK.md: a 123 MB body was parsed, 1.2 GB of
 worker memory). A ``Content-Length`` header is not enough: a chunked body has none, so
@@ -6,10 +7,15 @@ this middleware counts the bytes as they arrive and stops keeping them past the 
 It goes on reading (and dropping) up to another limit's worth, so that an ordinary
 client that sends its whole body before reading the answer gets the 413 rather than a
 broken connection; past that it answers at once and the server closes the connection.
+
+A body that stops arriving (no byte for ``Limits.body_idle_seconds``) is answered 408
+and its connection closed: uvicorn has no body read timeout, so a declared 40 MB of
+which 2 bytes came held the request until BentoML's 60 s traffic timeout.
 """
 
 from __future__ import annotations
 
+import anyio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,9 +30,13 @@ _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 class BodyLimit:
     """ASGI middleware; ``max_bytes`` defaults to :class:`Limits`' ``max_body_bytes``."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int | None = None, idle_seconds: float | None = None
+    ) -> None:
         self.app = app
-        self.max_bytes = max_bytes or Limits.from_env().max_body_bytes
+        limits = Limits.from_env()
+        self.max_bytes = max_bytes or limits.max_body_bytes
+        self.idle_seconds = idle_seconds or limits.body_idle_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
@@ -39,7 +49,10 @@ class BodyLimit:
         chunks: list[bytes] = []
         size, more = 0, True
         while more:
-            message = await receive()
+            message = await self._next(receive)
+            if message is None:
+                await self._stalled(size, declared, scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             body = message.get("body", b"")
@@ -53,6 +66,27 @@ class BodyLimit:
             await self._refuse(size, scope, receive, send, at_least=more)
             return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _next(self, receive: Receive) -> Message | None:
+        """The next message, or None when none came within ``idle_seconds``."""
+        with anyio.move_on_after(self.idle_seconds):
+            return await receive()
+        return None
+
+    async def _stalled(
+        self, size: int, declared: bytes | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        of = f" of the {int(declared):,} declared" if declared and declared.isdigit() else ""
+        error = BadRequest(
+            "body",
+            f"{size:,} bytes{of}, then nothing for {self.idle_seconds} s",
+            "the whole body, sent without a pause",
+            "send the body with the request (COLLAPSE_GUARD_BODY_IDLE_SECONDS on the server)",
+            status=408,
+        )
+        # the rest of the body may still come: this connection cannot carry another request
+        answer = JSONResponse(error.body(), 408, headers={"Connection": "close"})
+        await answer(scope, receive, send)
 
     async def _refuse(
         self, size: int, scope: Scope, receive: Receive, send: Send, at_least: bool = False

@@ -9,9 +9,12 @@ Heavy imports (bentoml, lightgbm) happen inside the command, never at ``--help``
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -41,16 +44,34 @@ def _number(text: str, name: str, kind: type, low: float, high: float | None = N
     return value
 
 
+def _check_port(host: str, port: int) -> None:
+    """A one-line error now rather than the process manager's 56-line traceback later."""
+    try:
+        with socket.create_server((host, port)):  # SO_REUSEADDR, as uvicorn binds
+            pass
+    except OSError as error:
+        taken = error.errno == errno.EADDRINUSE
+        _fail(
+            f"cannot listen on {host}:{port}: "
+            + ("the port is in use (another server?)" if taken else error.strerror or str(error))
+            + "; choose another with --port, or stop what holds it"
+        )
+
+
 def serve_environment(model: str | None, workers: int, poll: float) -> dict[str, str]:
     """The environment the service's workers read (service.py's table)."""
-    folder = Path(tempfile.mkdtemp(prefix="collapse-guard-serve-"))
+    # a file no earlier server wrote (this pid, now), made only by a first reload: no
+    # folder left behind in the temp directory per serve
+    reload_file = Path(tempfile.gettempdir()) / (
+        f"collapse-guard-reload-{os.getpid()}-{time.time_ns()}.json"
+    )
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
     env.update(
         COLLAPSE_GUARD_MODEL=model or "default",
         COLLAPSE_GUARD_WORKERS=str(workers),
         COLLAPSE_GUARD_POLL=str(poll),
-        COLLAPSE_GUARD_RELOAD_FILE=str(folder / "reload.json"),  # fresh: no stale reloads
+        COLLAPSE_GUARD_RELOAD_FILE=str(reload_file),  # fresh: no stale reloads
     )
     return env
 
@@ -79,6 +100,7 @@ def serve_command(
     port_n = int(_number(port, "--port", int, 1, 65535))
     workers_n = int(_number(workers, "--workers", int, 1, 64))
     poll_s = float(_number(poll, "--poll", float, 0))
+    _check_port(host, port_n)
     from collapse_guard.predictor.model_source import resolve_model_source
 
     given, model = model, resolve_model_source(model)  # 'champion' -> models:/...@champion

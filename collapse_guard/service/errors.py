@@ -37,6 +37,9 @@ _EXPECTED: dict[str, tuple[str, str]] = {
         "check the body with a JSON parser; send Content-Type: application/json",
     ),
     "json_type": ("a JSON document", "send a JSON object"),
+    "too_short": ("at least one item", "add one (see /docs.json)"),
+    "greater_than_equal": ("a number within the documented range", "see /docs.json"),
+    "less_than_equal": ("a number within the documented range", "see /docs.json"),
 }
 
 

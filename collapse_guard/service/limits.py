@@ -47,12 +47,18 @@ class Limits:
     max_body_bytes: int = 32 * 1024 * 1024  # COLLAPSE_GUARD_MAX_BODY_BYTES
     # Top contributing features per run in /risk answers; /explain gives them all.
     max_top_k: int = 50
+    # Seconds a request body may stall (no byte arriving) before a 408 frees its
+    # connection: a Content-Length of 40 MB with 2 bytes sent waited for the 60 s
+    # traffic timeout. A client writing a whole body stalls for milliseconds.
+    body_idle_seconds: int = 5  # COLLAPSE_GUARD_BODY_IDLE_SECONDS
 
     @classmethod
     def from_env(cls) -> Limits:
-        """Defaults, overridden by COLLAPSE_GUARD_MAX_STEPS / _MAX_RUNS / _MAX_BODY_BYTES."""
+        """Defaults, overridden by COLLAPSE_GUARD_MAX_STEPS / _MAX_RUNS / _MAX_BODY_BYTES /
+        _BODY_IDLE_SECONDS."""
         return cls(
             max_steps=_env_int("COLLAPSE_GUARD_MAX_STEPS", cls.max_steps),
             max_runs=_env_int("COLLAPSE_GUARD_MAX_RUNS", cls.max_runs),
             max_body_bytes=_env_int("COLLAPSE_GUARD_MAX_BODY_BYTES", cls.max_body_bytes),
+            body_idle_seconds=_env_int("COLLAPSE_GUARD_BODY_IDLE_SECONDS", cls.body_idle_seconds),
         )

@@ -7,21 +7,40 @@ swaps the reference (one attribute assignment: atomic in CPython).
 Before a new model serves, it scores a known window (:func:`known_window`, fixed
 numbers) through the service's own path and through ``RiskModel.predict_window``; the
 two must agree to the bit and give a finite probability in [0, 1]. That catches a model
-whose feature schema or calibration this code cannot run, before any caller sees it.
+whose feature schema or calibration this code cannot run, before any caller sees it. Its
+files are read first by a child process (model_check.py): a file that crashes LightGBM
+is a :class:`ModelLoadError`, never the worker's death.
+
+A served version names the model's content, not only its label: a folder's label
+(``meta["version"]``) gets ``+`` and 8 hex digits of ``RiskModel.fingerprint()`` (trees,
+calibration, levels, hold) unless the label already ends with them (the bundled model's
+does); so a model edited under the same label answers under another version. A registry
+version keeps its number: the registry gives every upload a new one.
+
+What a token holder sees names no server path: a folder source is shown by its last
+name (``.../model``), long lists in the model's meta (training run ids) by their count
+and a digest, and the service strips error messages of absolute paths
+(:func:`scrub_paths`); the command line shows them whole.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.levels import LEVELS
+from collapse_guard.service.model_check import BOOSTER_FILE, check_booster_file, staged_model
 from collapse_guard.service.runs import RunWindow, WindowBatch
 from collapse_guard.service.scoring import Scorer
 from collapse_guard.service.wire import ModelInfo, SchemaInfo
@@ -35,11 +54,16 @@ __all__ = [
     "alias_of",
     "known_window",
     "load_serving",
+    "public_source",
+    "scrub_paths",
 ]
 
 DEFAULT_SOURCE = "default"  # the model bundled in the package
 # meta entries that are bookkeeping, not evaluation figures or settings worth showing
 _HIDDEN_META = {"split"}
+_LONGEST_LIST = 20  # meta lists longer than this are shown as their count and a digest
+# an absolute path: "/" not after a word character or a colon (models:/, runs:/, http://)
+_PATH = re.compile(r"(?<![\w:/.])/(?:[^\s'\"/]+/)*([^\s'\"/]*)")
 
 
 class ModelLoadError(Exception):
@@ -99,6 +123,29 @@ def _check(scorer: Scorer) -> float:
     return served
 
 
+def public_source(source: str) -> str:
+    """``source`` as a token holder may see it: a folder by its last name only."""
+    if source == DEFAULT_SOURCE or source.startswith(("models:/", "runs:/")):
+        return source
+    return f".../{Path(source).name}"
+
+
+def scrub_paths(text: str) -> str:
+    """``text`` with every absolute path cut to its last name (``.../model.txt``)."""
+    return _PATH.sub(lambda m: f".../{m.group(1)}", text)
+
+
+def _public(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) <= _LONGEST_LIST:
+            return [_public(v) for v in value]
+        text = json.dumps(value, sort_keys=True, default=str).encode()
+        return {"count": len(value), "sha256": hashlib.sha256(text).hexdigest()[:16]}
+    return scrub_paths(value) if isinstance(value, str) else value
+
+
 def _info(scorer: Scorer, source: str, alias: str | None) -> ModelInfo:
     model, meta = scorer.model, scorer.model.meta
     schema = model.schema
@@ -111,7 +158,7 @@ def _info(scorer: Scorer, source: str, alias: str | None) -> ModelInfo:
         name=scorer.name,
         version=scorer.version,
         alias=alias,
-        source=source,
+        source=public_source(source),
         horizon=model.horizon,
         hold_steps=model.hold_steps,
         feature_schema=SchemaInfo(
@@ -127,22 +174,53 @@ def _info(scorer: Scorer, source: str, alias: str | None) -> ModelInfo:
         budgets={k: float(v) for k, v in model.budgets.items()},
         trained_at=meta.get("trained_at"),
         evaluation=figures,
-        meta={k: v for k, v in meta.items() if k not in _HIDDEN_META},
+        meta={k: _public(v) for k, v in meta.items() if k not in _HIDDEN_META},
     )
+
+
+def _content_version(model: Any, numbered: bool) -> str:
+    label = str(model.meta["version"])
+    digest = model.fingerprint()[:8]
+    return label if numbered or label.endswith(digest) else f"{label}+{digest}"
+
+
+def _load_checked(source: str) -> tuple[Any, bool]:
+    """The model of ``source``, its files parsed by a child first; and whether the
+    registry numbered it (a registry version, whose number names one upload)."""
+    from collapse_guard.predictor import store
+    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel  # lightgbm
+
+    if store.is_registry_uri(source):
+        with store.fetched_model_folder(source) as (folder, stamp):  # a private download
+            model = _named_as(source, folder, RiskModel.load_folder)
+        model.meta |= {**stamp, "source": source}  # as RiskModel.load stamps it
+        return model, bool(stamp)
+    folder = DEFAULT_MODEL_DIR if source == DEFAULT_SOURCE else Path(source)
+    with staged_model(folder) as copy:
+        return _named_as(str(folder), copy, RiskModel.load_folder), False
+
+
+def _named_as(name: str, folder: Path, load: Callable[[Path], Any]) -> Any:
+    """``load(folder)`` after the child read its booster file; errors name ``name``
+    where they named the private copy."""
+    try:
+        check_booster_file(folder / BOOSTER_FILE)
+        return load(folder)
+    except Exception as error:
+        raise ValueError(str(error).replace(str(folder), name)) from None
 
 
 def load_serving(source: str | None) -> Serving:
     """Load ``source`` ('default', a folder, a models:/ or runs:/ URI) and check it.
 
-    Any failure (missing folder, unknown alias, unreadable file, failed check) is a
-    :class:`ModelLoadError` whose message says what and why.
+    Any failure (missing folder, unknown alias, unreadable or crashing file, failed
+    check) is a :class:`ModelLoadError` whose message says what and why (for a token
+    holder, pass it through :func:`scrub_paths`).
     """
     source = source or DEFAULT_SOURCE
     try:
-        from collapse_guard.predictor.risk import RiskModel  # lightgbm: loaded here
-
-        model = RiskModel.load(None if source == DEFAULT_SOURCE else source)
-        scorer = Scorer(model, str(model.meta["name"]), str(model.meta["version"]))
+        model, numbered = _load_checked(source)
+        scorer = Scorer(model, str(model.meta["name"]), _content_version(model, numbered))
         probability = _check(scorer)
     except ModelLoadError as error:
         raise ModelLoadError(f"model {source!r} failed its check: {error}") from None

@@ -28,8 +28,9 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def body_of(model: type[BaseModel], *, arrow: bool = True) -> dict[str, Any]:
-    """``openapi_extra`` declaring ``model`` as the JSON body, and optionally Arrow."""
+def body_of(model: type[BaseModel], *, arrow: bool = True, required: bool = True) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as the JSON body, and optionally Arrow
+    (``required=False``: no body at all is read as ``{}``)."""
     schema = model.model_json_schema()
     content: dict[str, Any] = {
         "application/json": {"schema": _inline(schema, schema.get("$defs", {}))}
@@ -40,7 +41,7 @@ def body_of(model: type[BaseModel], *, arrow: bool = True) -> dict[str, Any]:
             "description": "Arrow IPC stream: 'step', 'run_id', signal and 'context.<name>' "
             "columns (see collapse_guard/service/arrow_codec.py); '?top_k=' in the query",
         }
-    return {"requestBody": {"required": True, "content": content}}
+    return {"requestBody": {"required": required, "content": content}}
 
 
 _ERROR = {"model": ErrorBody, "content": {"application/json": {"example": ERROR_EXAMPLE}}}
@@ -48,6 +49,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {**_ERROR, "description": "Bad input: the message names the field and the fix."},
     401: {**_ERROR, "description": "No bearer token (COLLAPSE_GUARD_TOKEN is set)."},
     403: {**_ERROR, "description": "Wrong bearer token."},
+    408: {**_ERROR, "description": "The body stopped arriving (a pause of 5 s by default)."},
     413: {**_ERROR, "description": "Body over the size limit."},
     415: {**_ERROR, "description": "Content-Type is neither JSON nor Arrow."},
 }

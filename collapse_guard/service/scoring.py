@@ -48,6 +48,10 @@ def answers_json(answers: list[dict[str, Any]]) -> bytes:
     return pydantic_core.to_json({"results": answers})
 
 
+def _reasons(batch: WindowBatch) -> list[str | None]:
+    return batch.reasons or [None] * len(batch)
+
+
 @dataclass(frozen=True)
 class Scorer:
     """A loaded model and the name and version its answers carry."""
@@ -132,14 +136,24 @@ class Scorer:
                 "run_id": run_id,
                 "step": step,
                 "probability": p,
-                "level": self.model.level(p),
+                "level": self._level(p, reason),
                 **common,
                 "top_factors": top,
+                "reason": reason,
             }
-            for run_id, step, p, top in zip(
-                batch.run_ids, batch.last_steps.tolist(), probabilities, factors, strict=True
+            for run_id, step, p, top, reason in zip(
+                batch.run_ids,
+                batch.last_steps.tolist(),
+                probabilities,
+                factors,
+                _reasons(batch),
+                strict=True,
             )
         ]
+
+    def _level(self, probability: float, reason: str | None) -> str:
+        # a measured collapse now outranks any forecast (runs.nonfinite_reason)
+        return "critical" if reason is not None else self.model.level(probability)
 
     def _top_factors(self, X: np.ndarray, top_k: int) -> list[list[dict[str, Any]]]:
         """The ``top_k`` largest |contribution| features of each row (ties: column order),
@@ -175,11 +189,13 @@ class Scorer:
             for s, fs in groups.items()
         ]
         signals.sort(key=lambda g: -abs(g.contribution))
+        reason = _reasons(batch)[0]
         return ExplainResponse(
             run_id=batch.run_ids[0],
             step=int(batch.last_steps[0]),
             probability=p,
-            level=self.model.level(p),
+            level=self._level(p, reason),
+            reason=reason,
             model_name=self.name,
             model_version=self.version,
             base_log_odds=base,

@@ -47,13 +47,14 @@ from collapse_guard.service.errors import BadRequest, from_validation
 from collapse_guard.service.json_reader import read_plain_json
 from collapse_guard.service.limits import Limits
 from collapse_guard.service.memory import keep_freed_memory
-from collapse_guard.service.metrics import metrics
+from collapse_guard.service.metrics import fold_unknown_paths, metrics
 from collapse_guard.service.model_state import (
     ModelHolder,
     ModelLoadError,
     ReloadBusy,
     Serving,
     load_serving,
+    scrub_paths,
 )
 from collapse_guard.service.openapi import ERROR_RESPONSES, body_of
 from collapse_guard.service.reload_channel import Follower, ReloadChannel
@@ -231,10 +232,9 @@ class RiskService:
                 current = self.holder.current
                 raise BadRequest(
                     "source",
-                    str(error),
+                    scrub_paths(str(error)),  # a token holder learns no server path
                     "a model that loads and scores the known window correctly",
-                    f"fix the source and reload again; version {current.version} "
-                    f"({current.source}) keeps serving",
+                    f"fix the source and reload again; version {current.version} keeps serving",
                     status=409,
                 ) from None
             self.follower.mark_seen(self.channel.publish(new.source))
@@ -322,7 +322,7 @@ async def model() -> Response:
         **ERROR_RESPONSES,
         409: {**ERROR_RESPONSES[400], "description": "Not loaded; the old model serves."},
     },
-    openapi_extra=body_of(ReloadRequest, arrow=False),
+    openapi_extra=body_of(ReloadRequest, arrow=False, required=False),  # none: {}
     summary="Load a model (default: the start-up source again), check it, swap it in",
 )
 async def reload(request: Request) -> Response:
@@ -332,3 +332,8 @@ async def reload(request: Request) -> Response:
 # outermost first: an unauthenticated body is never read
 RiskService.add_asgi_middleware(BearerAuth)
 RiskService.add_asgi_middleware(BodyLimit)
+# BentoML's routes and ours: every other path is one request-metrics label, whatever it is
+fold_unknown_paths(
+    {"/", "/docs.json", "/livez", "/readyz", "/healthz", "/metrics"}
+    | {route.path for route in app.routes}
+)

@@ -8,15 +8,19 @@ Numbers. A signal value is a JSON number, ``null`` (not measured at that step), 
 measured non-finite value written either as the strings ``"NaN"``, ``"Infinity"``,
 ``"-Infinity"`` or as the bare literals ``NaN``, ``Infinity``, ``-Infinity`` that
 Python's ``json.dumps`` writes by default. Both forms are read the same way. Strings
-holding a number (``"2.5"``) are read as that number; any other string, a list or an
-object is rejected with a 400 that names the field.
+holding a number (``"2.5"``) are read as that number; any other string, a boolean, a
+list or an object is rejected with a 400 that names the field. Steps and ``top_k`` are
+JSON integers (not booleans, not ``2.0``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+from pydantic_core import PydanticCustomError
+
+from collapse_guard.service.limits import Limits
 
 __all__ = [
     "ERROR_EXAMPLE",
@@ -36,8 +40,18 @@ __all__ = [
 ]
 
 Level = Literal["ok", "watch", "warn", "critical"]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    # pydantic reads true as 1.0 for a float; the schema says number, and JSON Schema's
+    # number is never a boolean (one call a value: the general reader only, ~20 % of it)
+    if type(value) is bool:
+        raise PydanticCustomError("float_type", "Input should be a valid number, not a boolean")
+    return value
+
+
 # float | None: None is "not measured" (NaN to the features, never 0)
-Value = float | None
+Value = Annotated[float | None, BeforeValidator(_not_a_boolean)]
 
 _VALUE_DOC = (
     'numbers; null = not measured; "NaN", "Infinity", "-Infinity" (or the bare JSON '
@@ -49,7 +63,7 @@ class Run(BaseModel):
     """The raw signal window of one run: steps plus one column per signal."""
 
     run_id: str = Field(description="The caller's id of the run, echoed in the answer.")
-    steps: list[int] = Field(
+    steps: list[StrictInt] = Field(
         description="Training steps of the rows, strictly increasing; the last one is 'now'.",
         examples=[[0, 1, 2]],
     )
@@ -68,9 +82,14 @@ class Run(BaseModel):
 class RiskRequest(BaseModel):
     """``POST /risk`` and ``POST /explain`` (exactly one run) as JSON."""
 
-    runs: list[Run] = Field(description="One entry per run; answers come back in this order.")
-    top_k: int = Field(
-        default=5, description="Top contributing features per run in the answer (0..50)."
+    runs: list[Run] = Field(
+        min_length=1, description="One entry per run; answers come back in this order."
+    )
+    top_k: StrictInt = Field(
+        default=5,
+        ge=0,
+        le=Limits.max_top_k,
+        description="Top contributing features per run in the answer.",
     )
 
 
@@ -97,6 +116,12 @@ class RiskResult(BaseModel):
     model_name: str
     model_version: str
     top_factors: list[Factor]
+    reason: str | None = Field(
+        default=None,
+        description="Why the level is above the probability's own: the run's latest "
+        "measured loss or grad_norm is NaN/inf, a collapse now (level critical). null: "
+        "the level is the forecast's.",
+    )
 
 
 class RiskResponse(BaseModel):
@@ -127,6 +152,7 @@ class ExplainResponse(BaseModel):
     base_log_odds: float = Field(description="The booster's expected raw score.")
     log_odds: float = Field(description="base_log_odds + every contribution (uncalibrated).")
     signals: list[SignalContribution]
+    reason: str | None = Field(default=None, description="As in RiskResult.")
 
 
 class SchemaInfo(BaseModel):

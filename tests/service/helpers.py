@@ -23,6 +23,11 @@ def window(seed: int, signals, steps: int = 200, start: int = 0, holes: float = 
         frame["loss"] = 2.6 + np.abs(frame["loss"] - 1.0)
         if seed % 3 == 0:
             frame["loss"][-3] = np.inf  # a measured non-finite value is data
+    # the companion flags as the probe writes them: 1 where the value was measured
+    # non-finite, else 0 (a random walk there would mark NaN holes as measured NaN)
+    for name, flag in (("loss", "loss_nonfinite"), ("grad_norm", "grad_nonfinite")):
+        if flag in frame and name in frame:
+            frame[flag] = np.isinf(frame[name]).astype(np.float64)
     return pd.DataFrame(frame)
 
 
