@@ -43,9 +43,10 @@ bench: $(STAMP)
 # runs in REAL (`collapse-guard data real`; benchmarks/README.md gives the sweeps), no
 # synthetic runs (they did not help on held-out families; SYNTHETIC=400 adds them):
 #   make default-model REAL=data/real
+# It refuses a data set with fewer runs or collapses than the model it replaces: FORCE=1.
 default-model: $(STAMP)
 	$(if $(REAL),,$(error REAL must name a folder of real runs, e.g. make default-model REAL=data/real))
-	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL)
+	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL) $(if $(FORCE),--force)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -12,20 +12,31 @@ baselines (the headline at the stored ``warn`` level; per kind, cause and onset)
 writes the model folder. The model stores the ids of the runs it trained and validated
 on, so ``collapse-guard evaluate`` refuses them. The folder must stay under 5 MB,
 because it is installed with every copy of the package.
-The previous folder is replaced only once the new one is complete.
+The previous folder is replaced only once the new one is complete, and only by a model
+trained on no fewer runs and no fewer collapses (``meta["bundle"]``) unless ``--force``
+(``make default-model ... FORCE=1``): a folder of 56 runs silently replaced the shipped
+526-run model. What it replaced is said.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collapse_guard.errors import UserInputError, print_error
 
-__all__ = ["MAX_BYTES", "build_default_model", "folder_bytes", "main"]
+__all__ = [
+    "MAX_BYTES",
+    "build_default_model",
+    "bundled_counts",
+    "check_replacement",
+    "folder_bytes",
+    "main",
+]
 
 MAX_BYTES = 5 * 1024 * 1024  # shipped in the wheel: keep it small
 DEFAULT_SYNTHETIC = 0  # synthetic runs did not help on held-out families (module docstring)
@@ -36,6 +47,59 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def _data_counts(paths: Sequence[Path]) -> dict[str, int]:
+    from collapse_guard.datasets.runfile import read_meta
+
+    collapsed = sum(read_meta(path).onset_step is not None for path in paths)
+    return {"runs": len(paths), "collapsed": collapsed}
+
+
+def bundled_counts(folder: Path) -> tuple[str, dict[str, int | None]] | None:
+    """``(version, {"runs", "collapsed"})`` of the model in ``folder``; None when none is.
+
+    Read from its ``risk_model.json`` alone (no booster). A model bundled before the
+    counts were kept has its runs from ``n_runs`` and its collapses unknown (None).
+    """
+    spec = Path(folder) / "risk_model.json"
+    if not spec.is_file():
+        return None
+    meta = json.loads(spec.read_text()).get("meta", {})
+    bundle = meta.get("bundle", {})
+    runs = bundle.get("runs", sum(meta.get("n_runs", {}).values()) or None)
+    return str(meta.get("version", "unversioned")), {
+        "runs": runs,
+        "collapsed": bundle.get("collapsed"),
+    }
+
+
+def _said(counts: Mapping[str, int | None]) -> str:
+    collapsed = counts["collapsed"]
+    return f"{counts['runs']} runs, {'?' if collapsed is None else collapsed} collapsed"
+
+
+def check_replacement(
+    folder: Path, counts: Mapping[str, int], *, force: bool = False
+) -> tuple[str, dict[str, int | None]] | None:
+    """What the new model in ``folder`` would replace (``bundled_counts``), or
+    UserInputError when its data set (``counts``: runs, collapsed) is smaller or poorer
+    than the replaced model's, unless ``force``."""
+    old = bundled_counts(folder)
+    if old is None or force:
+        return old
+    version, was = old
+    poorer = [
+        what for what in ("runs", "collapsed") if was[what] is not None and counts[what] < was[what]
+    ]
+    if poorer:
+        raise UserInputError(
+            f"refusing to replace the model in {folder} ({version}: {_said(was)}) with one "
+            f"trained on {_said(counts)}: fewer {' and fewer '.join(poorer)}",
+            "point REAL at the whole data set it was trained on (benchmarks/README.md), or "
+            "replace it anyway: make default-model REAL=... FORCE=1 (bundle --force)",
+        )
+    return old
+
+
 def build_default_model(
     out: Path,
     *,
@@ -44,10 +108,13 @@ def build_default_model(
     work: Path | None = None,
     seed: int = 0,
     workers: int = 1,
+    force: bool = False,
     progress=print,
 ):
     """Train on synthetic (+ real) runs and write the model folder ``out``.
 
+    A model already in ``out`` is replaced only by one trained on no fewer runs and no
+    fewer collapses, unless ``force`` (``check_replacement``, before any training).
     Returns the :class:`~collapse_guard.predictor.train.TrainingResult` (its model as
     written, with the bundle's version and settings in ``meta``).
     """
@@ -65,12 +132,14 @@ def build_default_model(
         paths = generate_synthetic_runs(synthetic, runs_dir, seed=seed, workers=workers)
         real_paths = find_run_files(real) if real else []
         progress(f"{len(paths)} synthetic runs in {runs_dir}, {len(real_paths)} real runs")
+        counts = _data_counts([*paths, *real_paths])
+        replaced = check_replacement(Path(out), counts, force=force)
         result = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
         model = result.model
         model.meta |= {
             # the data, then the model: levels or hold change the answers, not the data
             "version": f"default-{result.fingerprint}-{model.fingerprint()[:8]}",
-            "bundle": {"synthetic": synthetic, "real": len(real_paths), "seed": seed},
+            "bundle": {"synthetic": synthetic, "real": len(real_paths), "seed": seed, **counts},
         }
         staged = model.save(Path(tmp) / "model")
         size = folder_bytes(staged)
@@ -85,6 +154,12 @@ def build_default_model(
             shutil.rmtree(out)
         shutil.copytree(staged, out)
     progress(f"wrote {out} ({size / 1024:.0f} KB, {model.meta['n_trees']} trees)")
+    if replaced is not None:
+        version, was = replaced
+        progress(
+            f"replaced {version} ({_said(was)}) with {model.meta['version']} ({_said(counts)})"
+            + (" [forced]" if force else "")
+        )
     return result
 
 
@@ -126,6 +201,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="processes for generation")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the model in --out even with one trained on fewer runs or collapses",
+    )
     args = parser.parse_args(argv)
     console = Console()
     try:
@@ -136,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             work=args.work,
             seed=args.seed,
             workers=args.workers,
+            force=args.force,
             progress=console.log,
         )
     except UserInputError as error:  # one line and exit code 2, as the command line does

@@ -6,9 +6,14 @@ own tests); these tests check what the bundle adds: runs, size limit, folder, pr
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from ops_fixtures import N_RUNS, SEED, synthetic_run_paths, training
 
+from collapse_guard.errors import UserInputError
 from collapse_guard.predictor import bundle
 from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel
 
@@ -46,7 +51,10 @@ def test_bundle_writes_a_small_loadable_model(
     # named by the training's one data fingerprint
     fingerprint = training(tmp_path_factory.getbasetemp()).fingerprint
     assert model.meta["version"] == f"default-{fingerprint}-{model.fingerprint()[:8]}"
-    assert model.meta["bundle"] == {"synthetic": N_RUNS, "real": N_RUNS, "seed": SEED}
+    bundled = model.meta["bundle"]
+    assert bundled == {"synthetic": N_RUNS, "real": N_RUNS, "seed": SEED, **bundled}
+    # what the next rebuild is compared with: every run read, and its collapses
+    assert bundled["runs"] == 2 * N_RUNS and 0 < bundled["collapsed"] < 2 * N_RUNS
     printed = capsys.readouterr().out
     assert "default model" in printed and "dsi" in printed
 
@@ -102,3 +110,52 @@ def test_the_bundle_stores_the_runs_it_saw_and_stays_small_with_thousands(
     assert bundle.folder_bytes(big) - bundle.folder_bytes(out) < 200_000
     assert bundle.folder_bytes(big) < bundle.MAX_BYTES
     assert SeenRuns.from_meta(RiskModel.load(big).meta).role_of("real-family-optimizer-00002999")
+
+
+def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
+    tmp_path, work, cached_training
+):
+    # issue 21: `make default-model REAL=data/real` on a folder of 56 runs silently replaced
+    # the shipped 526-run model
+    out = tmp_path / "default_model"
+    shutil.copytree(DEFAULT_MODEL_DIR, out)
+    shipped = RiskModel.load(out).meta["version"]
+    with pytest.raises(UserInputError) as refused:
+        bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED)
+    message = str(refused.value)
+    assert f"({shipped}: 526 runs, 322 collapsed)" in message
+    assert f"trained on {N_RUNS} runs" in message and "FORCE=1" in message
+    assert cached_training == []  # refused before any training
+    assert RiskModel.load(out).meta["version"] == shipped
+    said: list[str] = []
+    forced = bundle.build_default_model(
+        out, synthetic=N_RUNS, work=work, seed=SEED, force=True, progress=said.append
+    )
+    new = forced.model.meta
+    collapsed = new["bundle"]["collapsed"]
+    assert RiskModel.load(out).meta["version"] == new["version"] != shipped
+    assert said[-1] == (
+        f"replaced {shipped} (526 runs, 322 collapsed) with {new['version']} "
+        f"({N_RUNS} runs, {collapsed} collapsed) [forced]"
+    )
+    # the same data set again is no poorer: replaced without being forced
+    bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED, progress=said.append)
+    assert said[-1].startswith(f"replaced {new['version']} ({N_RUNS} runs, {collapsed} collapsed)")
+
+
+def test_the_shipped_model_keeps_the_counts_a_rebuild_is_compared_with():
+    version, counts = bundle.bundled_counts(DEFAULT_MODEL_DIR)
+    assert version == RiskModel.load().meta["version"]
+    # benchmarks/README.md: 526 runs, healthy 204, develop 164 + 63, sudden 95
+    assert counts == {"runs": 526, "collapsed": 164 + 63 + 95}
+
+
+def test_make_default_model_passes_force_on():
+    root = Path(__file__).resolve().parents[2]
+    dry = ["make", "-n", "-C", str(root), "default-model", "REAL=somewhere"]
+    plain = subprocess.run(dry, capture_output=True, text=True, timeout=60, check=True).stdout
+    forced = subprocess.run(
+        [*dry, "FORCE=1"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "--real somewhere" in plain and "--force" not in plain
+    assert "--real somewhere --force" in forced
