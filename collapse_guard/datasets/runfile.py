@@ -331,18 +331,20 @@ class RunWriter:
         returns the path; with new ``meta_updates`` it rewrites the metadata.
         """
         if meta_updates:
-            self._update_meta(meta_updates)
-            self._on_disk = False
+            self.update_meta(**meta_updates)
         if not (self._closed and self._on_disk):
             self.flush()
         self._closed = True
         return self.path
 
-    def _update_meta(self, updates: dict[str, Any]) -> None:
-        reject_unknown_keys(RunMeta, updates, where=f"{self.path}: close()", error=RunFileError)
+    def update_meta(self, **updates: Any) -> None:
+        """Change the metadata (``extra=`` is merged); on disk with the next flush, which
+        rewrites the file even without new rows (lineage is durable before any chunk)."""
+        reject_unknown_keys(RunMeta, updates, where=f"{self.path}: metadata", error=RunFileError)
         if "extra" in updates:
             updates = {**updates, "extra": {**self.meta.extra, **(updates["extra"] or {})}}
         self.meta = replace(self.meta, **updates)
+        self._on_disk = False
 
 
 def _to_float(value: Any, name: str, step: int, path: Path) -> float:

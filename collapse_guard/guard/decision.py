@@ -7,6 +7,8 @@ the run file's ``event`` column), tested on hand-written facts and replayed.
 
 The order of the rules is the order of their urgency::
 
+    stale     no gradients of this step (no backward(), or guard.step twice for one)
+              -> no update: applying old gradients again trains twice on one batch
     give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
     rescue    online collapse (not in data-fault mode) | non-finite loss |
               max_skip_streak non-finite-gradient skips in a row | max_outlier_skips
@@ -35,7 +37,9 @@ The events a step can carry (the run file's ``event`` column, ``;``-joined):
 ==========================  ==========================================================
 event                       meaning
 ==========================  ==========================================================
-``skip:<reason>``           update not applied (``nonfinite_grad``, ``loss_z=7.1``, ...)
+``skip:<reason>``           update not applied (``nonfinite_grad``, ``loss_z=7.1``,
+                            ``no_gradients``, ``same_gradients``, ``zero_gradients``, ...)
+``checkpoint_refused:..``   a checkpoint was due but a parameter is not finite
 ``accept:<reason>``         an outlier applied (clipped) after max_outlier_skips skips
 ``lr_x<m>``                 the level's LR multiplier changed to ``m``
 ``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
@@ -88,6 +92,7 @@ class StepFacts:
     averaged_rollback: bool = False  # those weights are a mean of checkpoints, never measured
     data_fault: bool = False  # in data-fault mode before this step
     clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
+    stale_gradients: str = ""  # why the gradients are not this step's ("": they are)
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,15 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         raise ValueError(f"level must be one of {LEVELS}, got {facts.level!r}")
     common = {"step": facts.step, "level": facts.level, "probability": facts.probability}
     lr = next_lr_multiplier(facts.lr_multiplier, facts.level, policy)
+    if facts.stale_gradients:
+        return GuardDecision(
+            **common,
+            apply_update=False,
+            lr_multiplier=facts.lr_multiplier,
+            reason=facts.stale_gradients,
+            data_fault=facts.data_fault,
+            events=(f"skip:{facts.stale_gradients}",),
+        )
     rescue = _rescue_reason(facts, policy)
     if rescue:
         if facts.rescues >= policy.max_rescues:

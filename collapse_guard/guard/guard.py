@@ -35,9 +35,11 @@ decision needs before the update; the probe's own sync comes with ``after_step``
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import uuid
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -48,7 +50,7 @@ import torch
 from torch import nn
 
 from collapse_guard.guard import ddp
-from collapse_guard.guard.checkpoints import CheckpointRing, save_atomic
+from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, save_atomic
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import GuardPolicy
@@ -64,6 +66,8 @@ STATE_VERSION = 2  # layout of Guard.state_dict(); bump when a key changes meani
 # rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added)
 _FORCEABLE = ("skip", "rescue", "checkpoint")
 _DEFAULT_WINDOW = 200  # records kept without a risk model (DESIGN.md's window)
+_RECORDED_LOSS_STEPS = 20  # a checkpoint's recorded loss: the mean of this many last losses
+# (the label's smoothing time constant is 10 steps: 20 averages out a step's noise)
 
 
 class GuardGaveUp(RuntimeError):
@@ -115,12 +119,16 @@ class Guard:
         if isinstance(probe_config, Mapping):
             probe_config = ProbeConfig.from_dict(probe_config)
         probe_config = ProbeConfig(**(probe_config or ProbeConfig()).to_dict())  # our copy
+        if isinstance(model, nn.Module) and hasattr(optimizer, "param_groups"):
+            _check_pair(model, optimizer)  # else the probe says what the type should be
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.probe = Probe(model, optimizer, probe_config, scaler=scaler)
         self._attention_every = probe_config.attention_every
         self.folder = Path(checkpoint_dir)
         self.rank = ddp.rank()
         self.ring = CheckpointRing(self.folder, self.policy.keep_checkpoints)
+        if self.rank == 0:
+            self.ring.clean()  # what killed writes of an earlier process left
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.risk = (
             make_risk_source(risk, token=token, timeout=timeout, run_id=self.run_id)
@@ -142,7 +150,9 @@ class Guard:
         device = self.params[0].device if self.params else None
         self.history = GradientHistory(self.param_names, device=device)
         self._writer = self._open_writer() if record and self.rank == 0 else None
-        self._warmup = WarmupCheck()
+        self._warmup = WarmupCheck() if preflight else None
+        self._grad_marks: list[tuple[Any, int]] | None = None  # (weakref, version) per grad
+        self._warned: set[str] = set()  # the once-only warnings given
         self._forced: str | None = None
         self._closed = False
         self._reset_trajectory()
@@ -262,12 +272,28 @@ class Guard:
         previous ``run_id``, the step and the checkpoint), so the two files read
         end to end are the whole run.
         """
-        from collapse_guard.guard.checkpoints import load_checkpoint
+        from collapse_guard.guard.checkpoints import load_verified
 
-        path = path or self.ring.newest()
-        if path is None:
-            raise FileNotFoundError(f"no guard checkpoint in {self.folder} to resume from")
-        state = load_checkpoint(path)
+        if path is not None:
+            state = load_verified(path)  # the one asked for, or a CorruptCheckpoint naming it
+        else:
+            path, state, skipped = self.ring.newest_valid()
+            if skipped:
+                warnings.warn(
+                    f"collapse-guard resume: skipped {len(skipped)} damaged checkpoint(s) in "
+                    f"{self.folder} (renamed *.corrupt): {'; '.join(skipped)}; resuming from "
+                    f"{path.name if path else 'none'}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            if path is None and skipped:
+                raise CorruptCheckpoint(
+                    f"no valid guard checkpoint in {self.folder} to resume from (skipped: "
+                    f"{'; '.join(skipped)})",
+                    "start the run afresh, or point checkpoint_dir at the run's folder",
+                )
+            if path is None:
+                raise FileNotFoundError(f"no guard checkpoint in {self.folder} to resume from")
         self.ring.adopt(Path(path))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -280,6 +306,8 @@ class Guard:
             "step": self.step_index,
             "checkpoint": Path(path).name,
         }
+        if self._writer is not None:  # lineage on disk from the first chunk, not at close
+            self._writer.update_meta(extra={"continues": self.continues})
         self._log(self.step_index, [f"resume:{Path(path).name}"])
         return self.step_index
 
@@ -308,25 +336,66 @@ class Guard:
         """Measure, decide and act for one optimizer step (module docstring)."""
         if self._closed:
             raise RuntimeError("guard.step() after guard.close(); create a new Guard")
+        loss_t = _scalar_loss(loss)
         s = self.step_index
+        stale = self._stale_gradients()  # before unscale_, which writes the gradients
         self.loop_lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         self._poll_risk()
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
         self.probe.after_backward(loss)
         norms = self._tensor_norms()
-        loss_t = (
-            loss.detach().float().reshape(())
-            if torch.is_tensor(loss)
-            else torch.tensor(float(loss))
-        )
         total = torch.linalg.vector_norm(norms) if len(norms) else torch.zeros(())
         loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync point
+        if not stale and grad_norm == 0.0:
+            stale = "zero_gradients"  # zero_grad() without a backward, or a loss of no parameter
+        if stale:
+            self._warn_stale(stale)
         decision = ddp.share(
-            self._decide(s, loss_value, grad_norm, norms) if self.rank == 0 else None
+            self._decide(s, loss_value, grad_norm, norms, stale) if self.rank == 0 else None
         )
         self._apply(decision, grad_norm, norms)
+        self._grad_marks = [
+            (weakref.ref(p.grad), p.grad._version) if p.grad is not None else (None, 0)
+            for p in self.params
+        ]
         return decision
+
+    def _stale_gradients(self) -> str:
+        """Why the gradients cannot be this step's ("" when they are fresh): none at all,
+        or the very tensors of the last step, unchanged (``guard.step`` twice per backward)."""
+        grads = [p.grad for p in self.params]
+        if all(g is None for g in grads):
+            return "no_gradients"
+        marks = self._grad_marks
+        if marks is None or len(marks) != len(grads):
+            return ""
+        for grad, (ref, version) in zip(grads, marks, strict=True):
+            if grad is None:
+                if ref is not None:
+                    return ""
+            elif ref is None or ref() is not grad or grad._version != version:
+                return ""
+        return "same_gradients"
+
+    def _warn_stale(self, why: str) -> None:
+        if why in self._warned or self.rank != 0:
+            return
+        self._warned.add(why)
+        text = {
+            "no_gradients": "every parameter's .grad is None: loss.backward() was not called",
+            "same_gradients": "the gradients are those of the last guard.step (no backward() "
+            "since): guard.step was called twice for one backward",
+            "zero_gradients": "every gradient is exactly zero: zero_grad() ran but no "
+            "backward() after it, or the loss does not depend on the model's parameters",
+        }[why]
+        warnings.warn(
+            f"collapse-guard: step {self.step_index}: {text}. The update is skipped (event "
+            f"skip:{why}); call loss.backward() once, then guard.step(loss) once, per batch. "
+            "This warning is given once.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _poll_risk(self) -> None:
         reading = self.risk.poll() if self.risk is not None else None
@@ -367,9 +436,9 @@ class Guard:
         return max(lrs[-n:]) > self.policy.lr_jump_ratio * max(lrs[:-n])
 
     def _decide(
-        self, s: int, loss_value: float, grad_norm: float, norms: torch.Tensor
+        self, s: int, loss_value: float, grad_norm: float, norms: torch.Tensor, stale: str = ""
     ) -> GuardDecision:
-        if not self.data_fault:  # in data-fault mode only applied steps count (_count)
+        if not self.data_fault and not stale:  # in data-fault mode only applied steps count
             self.online.update(s, loss_value)
         elevated = self.level in ("warn", "critical")
         outliers = self.history.outliers(norms, self.policy.layer_outlier_ratio) if elevated else {}
@@ -395,15 +464,47 @@ class Guard:
             averaged_rollback=self.averaged_rollback,
             data_fault=self.data_fault,
             clean_steps=self.clean_steps,
+            stale_gradients=stale,
         )
         decision = decide(facts, self.policy)
         decision = self._forced_decision(decision)
+        if decision.checkpoint and not decision.rescue:
+            decision = self._checkable(decision)
         if decision.rescue:
-            paths = tuple(str(p) for p in self.ring.paths())
+            p = self.policy
+            paths = tuple(str(x) for x in self.ring.basin(p.average_span, p.average_loss_gap))
             if decision.reason.startswith("average_worse"):
                 paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
             decision = replace(decision, rollback_to=paths)
         return decision
+
+    def _checkable(self, decision: GuardDecision) -> GuardDecision:
+        """``decision`` without its checkpoint where a parameter is not finite: a NaN in a
+        tensor the forward never reads (an unused embedding row) harms no loss, so no other
+        rule sees it, but it must not go into a "healthy" checkpoint. One foreach pass and
+        one sync, at checkpoint steps only."""
+        norms = torch._foreach_norm([p.detach() for p in self.params])
+        device = norms[0].device
+        finite = torch.isfinite(torch.stack([n.float().to(device) for n in norms])).cpu()
+        if bool(finite.all()):
+            return decision
+        name = self.param_names[int((~finite).nonzero()[0])]
+        if "nonfinite_param" not in self._warned:
+            self._warned.add("nonfinite_param")
+            warnings.warn(
+                f"collapse-guard: step {decision.step}: parameter {name!r} holds NaN or inf; "
+                "no healthy checkpoint is written while it does (event "
+                "checkpoint_refused:nonfinite_param). A tensor the forward never reads gets "
+                "no gradient, so nothing in training repairs it: find what wrote it. This "
+                "warning is given once.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        events = tuple(
+            f"checkpoint_refused:nonfinite_param={name}" if e == "checkpoint" else e
+            for e in decision.events
+        )
+        return replace(decision, checkpoint=False, events=events)
 
     def _forced_decision(self, decision: GuardDecision) -> GuardDecision:
         forced, self._forced = self._forced, None
@@ -469,7 +570,7 @@ class Guard:
         if saved is not None:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
-            warning = self._warmup.add(saved[0])
+            warning = self._warmup.add(saved[0]) if self._warmup is not None else None
             if warning and self.rank == 0:
                 warnings.warn(f"collapse-guard preflight: {warning}", UserWarning, stacklevel=3)
         # the step's norms join the history now: the decision and the clipping judged them
@@ -546,15 +647,20 @@ class Guard:
 
     # ------------------------------------------------------ checkpoint, rescue
     def _full_state(self) -> dict[str, Any]:
+        recent = list(self.loss_history.values)[-_RECORDED_LOSS_STEPS:]
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "guard": self.state_dict(),
+            # the ring's basin test (checkpoints.py) reads it from the sidecar
+            "loss": sum(recent) / len(recent) if recent else math.nan,
         }
 
     def _checkpoint(self) -> None:
         if self.rank == 0:
+            if self._writer is not None:  # the rows up to a checkpoint are durable before it
+                self._writer.flush()
             self.ring.save(self.step_index, self._full_state())
         self.checkpoints += 1
         self.last_checkpoint = self.step_index - 1  # called after step_index moved on
@@ -650,3 +756,48 @@ class Guard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scalar_loss(loss: Any) -> torch.Tensor:
+    """The loss as a 0-d float tensor, or a clear error: the guard reads one number."""
+    if torch.is_tensor(loss):
+        if loss.numel() != 1:
+            raise ValueError(
+                f"guard.step(loss): the loss must be a scalar tensor (one number), got a "
+                f"tensor of shape {tuple(loss.shape)}; reduce it first, e.g. "
+                "guard.step(loss.mean()) (and call backward() on that same scalar)"
+            )
+        return loss.detach().float().reshape(())
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        return torch.tensor(float(loss))
+    raise TypeError(
+        f"guard.step(loss): the loss must be a scalar tensor (or a number), got "
+        f"{type(loss).__name__} {loss!r:.60}; pass the tensor you called backward() on"
+    )
+
+
+def _check_pair(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer must update this model's parameters: the guard measures, clips and
+    rolls back the model's, and an optimizer of another model would train unguarded."""
+    mine = {id(p) for p in model.parameters()}
+    if not mine:
+        raise ValueError(
+            f"Guard: the model ({type(model).__name__}) has no parameters, so there is "
+            "nothing to guard; pass the module whose parameters the optimizer updates"
+        )
+    theirs = [p for group in optimizer.param_groups for p in group["params"]]
+    if theirs and not any(id(p) in mine for p in theirs):
+        raise ValueError(
+            f"Guard: none of the optimizer's {len(theirs)} parameters belong to the model "
+            f"({type(model).__name__}, {len(mine)} parameter tensors): the optimizer was "
+            "built for another model; build it from this one, e.g. "
+            "AdamW(model.parameters())"
+        )
+    outside = sum(id(p) not in mine for p in theirs)
+    if outside:
+        warnings.warn(
+            f"collapse-guard: {outside} of the optimizer's {len(theirs)} parameters are not "
+            "the model's: the guard neither measures nor rolls them back",
+            UserWarning,
+            stacklevel=3,
+        )

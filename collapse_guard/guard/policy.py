@@ -62,6 +62,13 @@ class GuardPolicy:
     # watch); a 136k-parameter model saves in ~5 ms, <0.1% of 100 steps
     watch_checkpoint_gap: int = 20  # at `watch`, checkpoint if none in this many steps
     keep_checkpoints: int = 3  # the healthy ring; a rollback averages these (DESIGN.md)
+    # when they share a basin with the newest (checkpoints.py), both rules below holding:
+    average_span: int = 300  # steps back from the newest; the default ring (3 checkpoints
+    # 100 steps apart) spans 200, and a wider one was broken by skips or excursions
+    average_loss_gap: float = 0.05  # |recorded loss - newest's| / newest's. nanoGPT's GPT on
+    # its first 111 steps: the checkpoint of step 11 (loss still falling fast, far above
+    # the newest's) went into the mean (issue 21); between checkpoints 100 steps apart in
+    # steady training the loss moves by a few percent at most
     watch_attention_every: int = 5  # ProbeConfig.attention_every while at watch or above
     # (default 10): entropy collapse can fall 1.3 -> 0.01 nats in 40 steps
 

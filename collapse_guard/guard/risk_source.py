@@ -7,10 +7,17 @@ so an answer applies at the step after it arrives: the embedded model answers wi
 ``submit`` (~4 ms), the service from a background thread whenever it answers.
 
 The service never stops training (DESIGN.md): if it cannot be reached, times out,
-answers an error or garbage (a probability outside [0, 1], an unknown level), or is
-still busy with the previous window when the next is due, the window is scored by the
-embedded model instead, a warning is given once, and the service is tried again after
-a back-off (2, 4, ... 32 windows).
+answers an error or garbage, or is still busy with the previous window when the next is
+due, the window is scored by the embedded model instead, a warning is given once, and the
+service is tried again after a back-off (2, 4, ... 32 windows). Everything read from the
+network is untrusted (:func:`read_answer`): a probability that is not a number in [0, 1],
+a level that is not one of ``LEVELS``, a ``hold_steps`` that is not a whole number in
+[0, ``MAX_HOLD_STEPS``] make the whole answer garbage.
+
+The probability is the answer; its level is checked against it. The guard acts on the
+level the answering model's thresholds give the probability (from the service's
+``/model``, read once per model version; the embedded model's where that cannot be read),
+and says once when the service's own level disagrees (``p=0.01, level="critical"``).
 
 Each answer is one window's risk. The model's levels are set on the risk held over its
 ``hold_steps`` (``predictor.hold``), so the guard acts on :class:`ReadingHold`'s
@@ -21,20 +28,73 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import threading
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from collapse_guard.guard.policy import LEVELS
 from collapse_guard.predictor.hold import RiskHold
 
-__all__ = ["EmbeddedRisk", "ReadingHold", "RiskReading", "ServiceRisk", "make_risk_source"]
+__all__ = [
+    "MAX_HOLD_STEPS",
+    "EmbeddedRisk",
+    "GarbageAnswer",
+    "ReadingHold",
+    "RiskReading",
+    "ServiceRisk",
+    "make_risk_source",
+    "read_answer",
+]
 
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 32  # windows skipped, at most, before the service is tried again
+MAX_HOLD_STEPS = 10_000  # a hold longer than a long run's window of interest is garbage:
+# the shipped model holds 50 steps, and the horizon the levels are for is 200
+
+
+class GarbageAnswer(ValueError):
+    """A service answer that is well-formed JSON but not a risk (module docstring)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_answer(result: Any) -> tuple[float, str, int]:
+    """``(probability, level, hold_steps)`` of a service answer, or :class:`GarbageAnswer`."""
+    p = getattr(result, "probability", None)
+    level = getattr(result, "level", None)
+    hold = getattr(result, "hold_steps", None)
+    if not (_is_number(p) and math.isfinite(p) and 0.0 <= p <= 1.0):
+        raise GarbageAnswer(f"garbage answer: probability {p!r} is not a number in [0, 1]")
+    if not isinstance(level, str) or level not in LEVELS:
+        raise GarbageAnswer(f"garbage answer: level {level!r} is not one of {LEVELS}")
+    if not (isinstance(hold, int) and not isinstance(hold, bool)) or not (
+        0 <= hold <= MAX_HOLD_STEPS
+    ):
+        raise GarbageAnswer(
+            f"garbage answer: hold_steps {hold!r} is not a whole number in [0, {MAX_HOLD_STEPS}]"
+        )
+    return float(p), level, hold
+
+
+def _thresholds(values: Any) -> dict[str, float] | None:
+    """Thresholds as levels -> p, rising; None when they are not that (untrusted too)."""
+    if not isinstance(values, dict):
+        return None
+    try:
+        out = {level: float(values[level]) for level in LEVELS[1:]}  # "ok" has none
+    except (KeyError, TypeError, ValueError):
+        return None
+    ordered = list(out.values())
+    if not all(math.isfinite(v) for v in ordered) or ordered != sorted(ordered):
+        return None
+    return out
 
 
 @dataclass(frozen=True)
@@ -114,6 +174,9 @@ class ServiceRisk:
         self.client, self.fallback, self.run_id = client, fallback, run_id
         self.schema = fallback.schema
         self.warned = False
+        self.disagreements = 0  # answers whose level was not their probability's
+        self._note: str | None = None  # a warning for the training thread to give
+        self._levels: dict[Any, dict[str, float] | None] = {}  # model version -> thresholds
         self.failures = 0
         self._backoff = 0  # windows still to score locally before trying the service again
         self._busy = False  # a request is in flight
@@ -149,6 +212,9 @@ class ServiceRisk:
         self._requests.put((step, frame, context))
 
     def poll(self) -> RiskReading | None:
+        note, self._note = self._note, None
+        if note:
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
         newest = None
         while True:
             try:
@@ -170,14 +236,45 @@ class ServiceRisk:
             step, frame, context = request
             try:
                 result = self.client.risk(frame, run_id=self.run_id, context=context)
-                p, level = float(result.probability), str(result.level)
-                if not (math.isfinite(p) and 0.0 <= p <= 1.0) or level not in LEVELS:
-                    raise ValueError(f"garbage answer: probability {p!r}, level {level!r}")
-                answer: Any = RiskReading(step, p, level, self.source, result.hold_steps)
+                p, level, hold = read_answer(result)
+                level = self._checked_level(p, level, getattr(result, "model_version", None))
+                answer: Any = RiskReading(step, p, level, self.source, hold)
             except Exception as error:  # any failure of the service falls back
                 answer = (f"{type(error).__name__}: {error}", step, frame, context)
             self._busy = False
             self._answers.put(answer)
+
+    def _thresholds_of(self, version: Any) -> dict[str, float] | None:
+        """The answering model's thresholds: the service's /model when it serves that
+        version, else the embedded model's (None: neither is known)."""
+        if version not in self._levels:
+            found = None
+            try:
+                info = self.client.model_info()
+                if getattr(info, "version", None) == version:
+                    found = _thresholds(getattr(info, "thresholds", None))
+            except Exception:  # no /model (a stand-in, an older service): the embedded levels
+                found = None
+            embedded = _thresholds(getattr(self.fallback.model, "thresholds", None))
+            self._levels[version] = found or embedded
+        return self._levels[version]
+
+    def _checked_level(self, p: float, level: str, version: Any) -> str:
+        from collapse_guard.predictor.levels import level_of  # numpy only
+
+        thresholds = self._thresholds_of(version)
+        if thresholds is None:
+            return level
+        own = level_of(p, thresholds)
+        if own != level:
+            self.disagreements += 1
+            if self.disagreements == 1:  # warned from poll(): the training thread's warning
+                self._note = (
+                    f"collapse-guard: the risk service answered level {level!r} for "
+                    f"probability {p:.3g}, which its model's thresholds call {own!r}; the "
+                    "guard acts on the probability's level. This warning is given once."
+                )
+        return own
 
     def close(self) -> None:
         if not self._closed:
@@ -194,17 +291,23 @@ def make_risk_source(
 ) -> EmbeddedRisk | ServiceRisk | None:
     """The source for ``Guard(risk=...)``: None or "embedded" -> the bundled model; "off"
     -> no risk (reactive path only); a URL or a ``RiskClient`` -> the service with the
-    embedded fallback; a ``RiskModel`` -> that model embedded."""
+    embedded fallback; a ``RiskModel``, a model folder (``collapse-guard calibrate
+    --out``) or a registry URI (``models:/collapse-predictor@champion``) -> that model
+    embedded."""
     if risk is None or risk == "embedded":
         return EmbeddedRisk()
     if risk == "off":
         return None
-    if isinstance(risk, str):
-        if not risk.startswith(("http://", "https://")):
+    if isinstance(risk, (str, os.PathLike)) and not str(risk).startswith(("http://", "https://")):
+        from collapse_guard.predictor.model_source import load_risk_model
+
+        if not (Path(risk).is_dir() or str(risk).startswith(("models:/", "runs:/"))):
             raise ValueError(
-                f"risk={risk!r}: expected None, 'embedded', 'off', a service URL "
-                "(http://host:port), a RiskClient or a RiskModel"
+                f"risk={str(risk)!r}: expected None, 'embedded', 'off', a service URL "
+                "(http://host:port), a model folder, a models:/ URI, a RiskClient or a RiskModel"
             )
+        return EmbeddedRisk(load_risk_model(str(risk)))
+    if isinstance(risk, str):
         from collapse_guard.service.client import RiskClient  # httpx: only when used
 
         risk = RiskClient(risk, token=token, timeout=timeout, top_k=0)

@@ -31,6 +31,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 __all__ = [
+    "UNREACHED_LAYOUT",
+    "UNREACHED_NONE",
     "AttentionCapture",
     "BatchCapture",
     "LogitsTap",
@@ -40,6 +42,16 @@ __all__ = [
     "normalize_batch",
     "run_probe_pass",
 ]
+
+# why a probe pass reached no attention (the probe's one warning says so)
+UNREACHED_NONE = (
+    "the probe pass made no call to F.scaled_dot_product_attention or nn.MultiheadAttention: "
+    "the model computes softmax(QK^T) by hand (transformers' attn_implementation='eager' "
+    "does); load it with attn_implementation='sdpa', or give Probe(attention_fn=...)"
+)
+UNREACHED_LAYOUT = (
+    "an attention call's inputs have a layout the probe cannot follow; give Probe(attention_fn=...)"
+)
 
 _MHA_ARG_NAMES = (
     "query",
@@ -71,10 +83,12 @@ class AttentionCapture:
 
 @dataclass
 class ProbePass:
-    """What one pass of the probe batch produced; ``attention`` empty when unreachable."""
+    """What one pass of the probe batch produced; ``attention`` empty when unreachable,
+    and then ``unreached`` says why ("" when the pass did not look, or failed)."""
 
     attention: list[AttentionCapture]
     logits: torch.Tensor | None
+    unreached: str = ""
 
 
 def normalize_batch(batch: Any) -> tuple[tuple, dict]:
@@ -309,6 +323,7 @@ def run_probe_pass(
     """One forward of the probe batch (or the user's ``attention_fn``) in the sandbox."""
     if tap is not None:
         tap.mode, tap.pass_logits = "pass", None
+    unreached = ""
     try:
         with isolated(model), capture_attention(model) as sink:
             if attention_fn is not None:
@@ -318,6 +333,10 @@ def run_probe_pass(
                 model(*args, **kwargs)
                 # one call we could not follow spoils the set: its heads would be missing
                 captures = [] if any(c is None for c in sink) else list(sink)
+                if not sink:
+                    unreached = UNREACHED_NONE
+                elif not captures:
+                    unreached = UNREACHED_LAYOUT
             else:
                 captures = []
     except Exception as error:  # observe only: a failing probe pass must not stop training
@@ -333,4 +352,4 @@ def run_probe_pass(
         logits = None
         if tap is not None:
             logits, tap.pass_logits, tap.mode = tap.pass_logits, None, "train"
-    return ProbePass(attention=captures, logits=logits)
+    return ProbePass(attention=captures, logits=logits, unreached=unreached)

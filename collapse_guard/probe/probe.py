@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from torch import nn
 from collapse_guard.probe.amp import AmpFamily
 from collapse_guard.probe.attention import AttentionFamily
 from collapse_guard.probe.capture import (
+    UNREACHED_NONE,
     BatchCapture,
     LogitsTap,
     ProbePass,
@@ -133,6 +135,7 @@ class Probe:
         self.families: tuple[SignalFamily, ...] = tuple(cls(config) for cls in FAMILIES)
         self._loss: torch.Tensor | float | None = None
         self._writer: Any = None
+        self._warned_attention = False
 
     def _module(self, spec: nn.Module | str | None, what: str) -> nn.Module | None:
         if spec is None or isinstance(spec, nn.Module):
@@ -196,6 +199,8 @@ class Probe:
         probe_pass = None
         if any(isinstance(f, (AttentionFamily, PredictionFamily)) for f in due):
             probe_pass = run_probe_pass(self.model, self.probe_batch, self._tap, self.attention_fn)
+            if probe_pass.unreached and any(isinstance(f, AttentionFamily) for f in due):
+                self._warn_unreached(probe_pass.unreached)
         state = self._state(
             Event.AFTER_STEP,
             logit_max=self._tap.take() if self._tap else None,
@@ -223,6 +228,23 @@ class Probe:
         self.step += 1
         self._loss = None
         return record
+
+    def _warn_unreached(self, why: str) -> None:
+        """Once: the attention signals are NaN, and why. A model without a submodule named
+        like an attention layer (``CausalSelfAttention``, ``LlamaAttention``, ``SelfAttn``)
+        has no attention to miss (an MLP): no word then."""
+        if self._warned_attention:
+            return
+        self._warned_attention = True
+        names = (type(m).__name__.lower() for m in self.model.modules() if m is not self.model)
+        if why == UNREACHED_NONE and not any(n.endswith(("attention", "attn")) for n in names):
+            return
+        names = ", ".join(AttentionFamily.keys)
+        warnings.warn(
+            f"collapse-guard probe: {names} are NaN: {why}. This warning is given once.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     @contextlib.contextmanager
     def _tap_off(self) -> Iterator[None]:

@@ -84,6 +84,22 @@ def test_close_sets_final_metadata_and_is_idempotent(tmp_path):
         writer.append(1, {"loss": 1.0})
 
 
+def test_metadata_changed_before_close_is_durable_at_the_next_flush(tmp_path):
+    # a resumed guard's lineage: on disk with the first chunk, not only at close
+    path = tmp_path / "run.parquet"
+    writer = RunWriter(path, _meta(extra={"fault": "x"}), chunk_steps=1000)
+    writer.update_meta(extra={"continues": {"run_id": "t0", "step": 3}})
+    writer.append(3, {"loss": 1.0})
+    writer.flush()
+    assert read_meta(path).extra == {"fault": "x", "continues": {"run_id": "t0", "step": 3}}
+    writer.update_meta(onset_step=3)
+    writer.flush()  # no new row: the metadata alone is rewritten
+    assert read_meta(path).onset_step == 3 and writer.rows_written == 1
+    with pytest.raises(RunFileError, match="onset"):
+        writer.update_meta(onset=3)  # unknown field: named
+    writer.close()
+
+
 def test_empty_run_is_a_valid_file(tmp_path):
     path = RunWriter(tmp_path / "empty.parquet", _meta()).close()
     frame, _ = read_run(path)

@@ -156,7 +156,9 @@ def test_an_injected_nan_weight_is_rescued_and_the_run_finishes_healthy(tmp_path
         losses.append(loss.item())
         if step == 90:
             assert decision.rescue and decision.reason == "nonfinite_loss"
-            assert decision.rollback_to and len(decision.rollback_to) == 3
+            # the ring's recorded losses 2.19, 1.45, 1.15 (steps 31, 51, 71): still falling
+            # fast, no two within average_loss_gap (5%), so the newest alone
+            assert [p[-9:] for p in decision.rollback_to] == ["000071.pt"]
     guard.close()
     assert all(math.isfinite(x) for x in losses[91:])
     assert sum(losses[-10:]) / 10 < sum(losses[80:90]) / 10 + 0.1  # back where it was

@@ -12,7 +12,7 @@ from guard_helpers import Loop, tiny_model
 
 from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
-from collapse_guard.guard.checkpoints import CheckpointRing, load_checkpoint
+from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
 
@@ -64,7 +64,7 @@ def test_checkpoints_load_with_weights_only_and_refuse_pickled_code(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # written by temp + rename
     evil = tmp_path / "guard-000000099.pt"
     torch.save({"format": 1, "x": Loop()}, evil)
-    with pytest.raises(Exception, match=r"weights_only|Unsupported global"):
+    with pytest.raises(CorruptCheckpoint, match=r"guard-000000099.pt: refused.*could run code"):
         load_checkpoint(evil)
 
 

@@ -1,0 +1,196 @@
+"""Checkpoints are verified when written and on resume: a damaged newest one is skipped,
+named and set aside; what killed writes left is cleaned at the next start; a rollback
+averages only the checkpoints that share a basin with the newest."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+from guard_helpers import Loop, tiny_model
+
+from collapse_guard.guard import Guard
+from collapse_guard.guard.checkpoints import (
+    CheckpointFolderError,
+    CheckpointRing,
+    CorruptCheckpoint,
+    load_verified,
+    sidecar,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+
+
+class Evil:
+    """Unpickling this runs code: a malicious checkpoint."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _random(path):
+    size = path.stat().st_size
+    path.write_bytes(
+        torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(3))
+        .to(torch.uint8)
+        .numpy()
+        .tobytes()
+    )
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit inside the tensor data: still a valid zip
+    path.write_bytes(bytes(data))
+
+
+def _malicious(path):
+    with open(path, "wb") as handle:
+        torch.save({"format": 1, "step": 30, "x": Evil()}, handle, pickle_module=pickle)
+    # as an attacker would write it: no sidecar (or a forged one)
+    sidecar(path).unlink(missing_ok=True)
+
+
+CORRUPTIONS = {
+    "truncated": _truncate,
+    "empty": _empty,
+    "random": _random,
+    "bit_flipped": _flip,
+    "malicious": _malicious,
+}
+
+
+def _run(folder, steps=31, **config):
+    model, opt = tiny_model()
+    loop = Loop()
+    guard = Guard(model, opt, folder, risk="off", config={"checkpoint_every": 5, **config})
+    for _ in range(steps):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    guard.close()
+    return guard
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_resume_skips_a_damaged_newest_checkpoint_and_names_it(tmp_path, kind):
+    first = _run(tmp_path)
+    ring = [p.name for p in first.ring.paths()]
+    assert ring == ["guard-000000021.pt", "guard-000000026.pt", "guard-000000031.pt"]
+    newest = tmp_path / ring[-1]
+    CORRUPTIONS[kind](newest)
+    model, opt = tiny_model(seed=5)
+    guard = Guard(model, opt, tmp_path, risk="off")
+    with pytest.warns(RuntimeWarning, match=r"skipped 1 damaged checkpoint.*guard-000000031\.pt"):
+        step = guard.resume()
+    assert step == 26  # the newest valid one: the state after step 25
+    assert not newest.exists() and (tmp_path / "guard-000000031.pt.corrupt").exists()
+    expected = torch.load(tmp_path / ring[-2], weights_only=True)["model"]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in expected.items())
+    guard.close()
+
+
+def test_a_damaged_checkpoint_asked_for_by_name_is_an_error_naming_it(tmp_path):
+    first = _run(tmp_path)
+    newest = first.ring.paths()[-1]
+    _flip(newest)
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off")
+    with pytest.raises(CorruptCheckpoint, match=r"guard-000000031\.pt: its checksum differs"):
+        guard.resume(newest)
+    guard.close()
+
+
+def test_a_pickle_with_code_is_refused_without_suggesting_weights_only_false(tmp_path):
+    path = tmp_path / "guard-000000030.pt"
+    _malicious(path)
+    with pytest.raises(CorruptCheckpoint) as caught:
+        load_verified(path)
+    text = str(caught.value)
+    assert "guard-000000030.pt" in text and "could run code" in text
+    assert "weights_only=False" not in text
+
+
+def test_every_checkpoint_damaged_is_one_error_listing_them(tmp_path):
+    first = _run(tmp_path)
+    for path in first.ring.paths():
+        _truncate(path)
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(CorruptCheckpoint, match=r"no valid guard checkpoint") as caught:
+            guard.resume()
+    assert all(f"guard-0000000{s}.pt" in str(caught.value) for s in (21, 26, 31))
+    guard.close()
+
+
+def test_the_next_start_removes_temp_files_of_killed_writes_and_orphans(tmp_path):
+    first = _run(tmp_path)
+    names = [p.name for p in first.ring.paths()]
+    dead = 2**22 + 12345  # above the default pid_max: no process has it
+    killed = [
+        tmp_path / f".guard-000000036.pt.{dead}-ab12cd34.tmp",  # a killed checkpoint write
+        tmp_path / f".guard-000000036.pt.json.{dead}-zz99yy88.tmp",  # ... of its sidecar
+        tmp_path / ".guard-000000036.pt.k3j4h5g6.tmp",  # an older writer's name (no pid)
+        tmp_path / "guard-000000036.pt.json",  # a sidecar whose checkpoint never arrived
+    ]
+    live = tmp_path / f".guard-000000041.pt.{os.getpid()}-qq11ww22.tmp"  # a writer still at it
+    orphan = tmp_path / "guard-000000016.pt"  # older than the ring: left by a kill
+    for path in [*killed, live]:
+        path.write_bytes(b"partial")
+    (tmp_path / names[0]).rename(orphan)  # move one down the steps: now older than the ring
+    sidecar(tmp_path / names[0]).rename(sidecar(orphan))
+    first_ring = CheckpointRing(tmp_path)
+    for n in range(21, 32, 5):  # the ring the resumed run adopts: 21, 26, 31 (21 rewritten)
+        if not (tmp_path / f"guard-0000000{n}.pt").exists():
+            first_ring.save(n, {"model": {"w": torch.zeros(1)}, "loss": 1.0})
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off")
+    assert not any(p.exists() for p in killed) and live.exists()
+    guard.resume()
+    assert not orphan.exists() and not sidecar(orphan).exists()
+    assert [p.name for p in guard.ring.paths()] == names
+    guard.close()
+
+
+def test_a_folder_that_cannot_be_made_is_one_clear_error():
+    model, opt = tiny_model()
+    with pytest.raises(CheckpointFolderError) as caught:
+        Guard(model, opt, "/proc/nope", risk="off")
+    assert "'/proc/nope'" in str(caught.value) and "checkpoint_dir" in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__context__ is None  # not chained
+
+
+def _hand_ring(folder, entries):
+    ring = CheckpointRing(folder, keep=3)
+    for step, loss, value in entries:
+        ring.save(step, {"model": {"w": torch.full((2,), value)}, "loss": loss})
+    return ring
+
+
+def test_rollback_averages_only_checkpoints_that_share_the_newests_basin(tmp_path):
+    # the nanoGPT case of issue 21: step 11 barely trained (loss 4.1), 111 at 2.45
+    stale = _hand_ring(tmp_path / "stale", [(11, 4.1, 1.0), (111, 2.45, 3.0)])
+    assert [p.name for p in stale.basin(300, 0.05)] == ["guard-000000111.pt"]
+    # a plateau: 2.50, 2.46, 2.44 are within 5% of 2.44, and 200 steps apart at most
+    flat = _hand_ring(tmp_path / "flat", [(100, 2.50, 1.0), (200, 2.46, 2.0), (300, 2.44, 6.0)])
+    chosen = flat.basin(300, 0.05)
+    assert len(chosen) == 3
+    assert flat.rollback_state(chosen)["model"]["w"][0].item() == pytest.approx(3.0)
+    # the same losses, but the oldest 400 steps back: too far to share the basin
+    far = _hand_ring(tmp_path / "far", [(100, 2.50, 1.0), (450, 2.46, 2.0), (500, 2.44, 6.0)])
+    assert [p.name[-9:] for p in far.basin(300, 0.05)] == ["000450.pt", "000500.pt"]
+    # an older checkpoint with no recorded loss: the newest alone
+    unknown = _hand_ring(tmp_path / "unknown", [(100, float("nan"), 1.0), (200, 2.44, 2.0)])
+    assert len(unknown.basin(300, 0.05)) == 1

@@ -1,0 +1,186 @@
+"""Everything the guard reads from the network is untrusted: a 200 answer out of range is
+garbage (the embedded model scores, one warning, training goes on), and an answer whose
+level is not its probability's is acted on by the probability (and said once).
+
+The service is a real HTTP server on 127.0.0.1 answering fixed bytes, read by the real
+``RiskClient``: the bytes a broken or hostile service could send.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+from guard_helpers import Loop, tiny_model
+
+from collapse_guard.datasets.runfile import read_run
+from collapse_guard.guard import Guard
+from collapse_guard.guard.risk_source import MAX_HOLD_STEPS, GarbageAnswer, read_answer
+
+pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+
+GOOD = {
+    "run_id": "run",
+    "step": 9,
+    "probability": 0.02,
+    "level": "ok",
+    "horizon": 200,
+    "hold_steps": 0,
+    "model_name": "stand-in",
+    "model_version": "v-test",
+    "top_factors": [],
+}
+
+
+class FixedAnswers:
+    """A loopback HTTP server whose /risk answers 200 with ``result`` (raw JSON text, so
+    NaN and wrong types get through), /readyz 200, and anything else 404."""
+
+    def __init__(self, result: str) -> None:
+        body = f'{{"results": [{result}]}}'.encode()
+        self.requests = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.requests += self.path.startswith("/risk")
+                self._answer(200, body) if self.path.startswith("/risk") else self._answer(
+                    404, b'{"error": "no such route"}'
+                )
+
+            def do_GET(self) -> None:
+                ready = self.path == "/readyz"
+                self._answer(200 if ready else 404, b"{}" if ready else b'{"error": "none"}')
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _answer(**fields) -> str:
+    return json.dumps({**GOOD, **fields})
+
+
+def _guarded(tmp_path, risk_model, result: str, steps: int = 30):
+    from collapse_guard.service.client import RiskClient
+
+    server = FixedAnswers(result)
+    client = RiskClient(server.url, timeout=2.0, top_k=0)
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk=client, config={"risk_every": 5})
+    guard.risk.fallback.model = risk_model  # the session's copy: no second load
+    loop = Loop()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            guard.step(loop.loss(model))
+            opt.zero_grad()
+        guard.close()
+    server.close()
+    said = [str(w.message) for w in caught if "collapse-guard:" in str(w.message)]
+    return guard, server, said
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        _answer(hold_steps=-5),  # issue 22: raised ValueError out of guard.step at step 10
+        _answer(hold_steps=10**9),
+        _answer(probability=1.5),
+        _answer(probability=-0.1),
+        _answer(level="panic"),
+        _answer(probability=[0.5]),
+        _answer(hold_steps="fifty"),
+        '{"run_id": "run", "step": 9, "probability": NaN, "level": "ok", "horizon": 200, '
+        '"hold_steps": 0, "model_name": "m", "model_version": "v", "top_factors": []}',
+    ],
+    ids=["hold-5", "hold1e9", "p1.5", "p-0.1", "level", "p-list", "hold-str", "pNaN"],
+)
+def test_a_garbage_200_answer_falls_back_with_one_warning_and_training_goes_on(
+    tmp_path, risk_model, result
+):
+    guard, server, said = _guarded(tmp_path, risk_model, result)
+    assert guard.step_index == 30 and server.requests >= 1
+    failed = [m for m in said if "risk service failed" in m]
+    assert len(failed) == 1, said
+    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+    assert len(read_run(guard.run_path)[0]) == 30  # the run file is written
+
+
+@pytest.mark.parametrize(
+    ("probability", "level", "acted"),
+    [(0.01, "critical", "ok"), (0.99, "ok", "critical")],
+)
+def test_a_level_that_is_not_its_probabilitys_is_corrected_and_said_once(
+    tmp_path, risk_model, probability, level, acted
+):
+    import pandas as pd
+
+    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceRisk
+    from collapse_guard.service.client import RiskClient
+
+    # /model answers 404 here: the embedded model's thresholds judge the probability
+    assert risk_model.level(probability) == acted
+    server = FixedAnswers(_answer(probability=probability, level=level))
+    source = ServiceRisk(RiskClient(server.url, timeout=5.0, top_k=0), EmbeddedRisk(risk_model))
+    frame = pd.DataFrame({"step": range(30), "loss": [2.5] * 30})
+    readings, told = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (29, 39):
+            source.submit(step, frame.assign(step=frame.step + step - 29), None)
+            deadline = time.monotonic() + 30
+            while not (reading := source.poll()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            readings.append(reading)
+        source.poll()  # the note of the answers' disagreement is given here at the latest
+        told = [str(w.message) for w in caught if "answered level" in str(w.message)]
+    source.close()
+    server.close()
+    assert [(r.source, r.probability, r.level) for r in readings] == [
+        ("service", probability, acted)
+    ] * 2
+    assert len(told) == 1 and f"level {level!r}" in told[0] and f"call {acted!r}" in told[0]
+    assert source.disagreements == 2
+
+
+def test_read_answer_takes_only_a_risk():
+    good = SimpleNamespace(probability=0.3, level="warn", hold_steps=50)
+    assert read_answer(good) == (0.3, "warn", 50)
+    for bad in (
+        {"probability": True},
+        {"probability": "0.3"},
+        {"probability": float("inf")},
+        {"level": None},
+        {"level": "WARN"},
+        {"hold_steps": 50.0},
+        {"hold_steps": False},
+        {"hold_steps": MAX_HOLD_STEPS + 1},
+    ):
+        with pytest.raises(GarbageAnswer, match="garbage answer"):
+            read_answer(SimpleNamespace(**{**vars(good), **bad}))
+    with pytest.raises(GarbageAnswer):
+        read_answer(SimpleNamespace(probability=0.3, level="ok"))  # no hold_steps at all
