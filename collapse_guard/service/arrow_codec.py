@@ -212,9 +212,9 @@ def decode_runs(
         bounds=bounds,
         columns={n: columns[n] for n in signals if n in columns},
         # a run's context is its last row's (NaN there: not given, as a JSON null)
-        contexts=np.stack(
-            [contexts[f][last] if f in contexts else absent for f in context_fields], axis=1
-        ).reshape(len(runs), len(context_fields)),
+        contexts=np.array(
+            [contexts[f][last] if f in contexts else absent for f in context_fields]
+        ).T.reshape(len(runs), len(context_fields)),  # also for a model without context
         reasons=reasons_of(steps, bounds, columns),
     )
 

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 from helpers import TOKEN
-from service_settings import SERVED_BODY_LIMIT, VARIANT_VERSION
+from service_settings import SERVED_BODY_LIMIT, SERVED_IDLE_SECONDS, VARIANT_VERSION
 from support import serve_process, wait_ready
 
 
@@ -129,18 +129,26 @@ def app_client(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory, store_uri, request):
-    """URL of a real served instance: `collapse-guard serve --workers 2`, token TOKEN."""
+def served_server(tmp_path_factory, store_uri, request):
+    """A real served instance: `collapse-guard serve --workers 2`, token TOKEN, a 4 MB
+    body limit, a 2 s body stall limit. Yields (url, the server's process)."""
     folder = tmp_path_factory.mktemp("served")
     env = dict(os.environ)
     env.update(
         BENTOML_HOME=str(folder / "bentoml"),
         COLLAPSE_GUARD_TOKEN=TOKEN,
         COLLAPSE_GUARD_MAX_BODY_BYTES=str(SERVED_BODY_LIMIT),
+        COLLAPSE_GUARD_BODY_IDLE_SECONDS=str(SERVED_IDLE_SECONDS),
         MLFLOW_TRACKING_URI=store_uri,
     )
     args = ["--workers", "2", "--model", "default"]
     with serve_process(folder, args, env) as (url, proc, log):
         request.getfixturevalue("mlflow_uri")  # fill the store while the server starts
         wait_ready(url, proc, log)
-        yield url
+        yield url, proc
+
+
+@pytest.fixture(scope="session")
+def served(served_server):
+    """URL of the served instance (served_server)."""
+    return served_server[0]

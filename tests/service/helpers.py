@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import re
+import time
+
+import httpx
 import numpy as np
 import pandas as pd
 
 TOKEN = "test-token-7f3a"  # the served instance's COLLAPSE_GUARD_TOKEN
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def worker_pids(server) -> set[int]:
+    """The pids of a served instance's workers (a restarted worker has a new one)."""
+    import psutil
+
+    children = psutil.Process(server.pid).children(recursive=True)
+    return {c.pid for c in children if "_bentoml_impl.worker" in " ".join(c.cmdline())}
 
 
 def window(seed: int, signals, steps: int = 200, start: int = 0, holes: float = 0.05):
@@ -58,3 +71,24 @@ def context_of(frame: pd.DataFrame, model) -> dict:
         record = row._asdict()
         ctx.update(int(record.pop("step")), {n: float(record[n]) for n in names})
     return ctx.get()
+
+
+def serving_by_worker(url: str) -> dict[str, str]:
+    """worker index -> model version, from collapse_guard_model_info (one series each)."""
+    text = httpx.get(url + "/metrics", headers=AUTH).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("collapse_guard_model_info{") and line.endswith(" 1.0"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["worker"]] = labels["model_version"]
+    return out
+
+
+def until_every_worker_serves(url: str, version: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        serving = serving_by_worker(url)
+        if len(serving) == 2 and set(serving.values()) == {version}:
+            return
+        assert time.monotonic() < deadline, f"workers serve {serving}, not all {version}"
+        time.sleep(0.2)

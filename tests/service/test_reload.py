@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 
-import httpx
 import pytest
-from helpers import TOKEN, window
+from helpers import TOKEN, until_every_worker_serves, window
 from service_settings import VARIANT_VERSION
 
 from collapse_guard.service import RequestRejected, RiskClient
@@ -25,27 +23,6 @@ def client(served, default_model):
 
 def versions_seen(client, frame, n: int = 12) -> set[str]:
     return {client.risk(frame).model_version for _ in range(n)}
-
-
-def serving_by_worker(url: str) -> dict[str, str]:
-    """worker index -> model version, from collapse_guard_model_info (one series each)."""
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("collapse_guard_model_info{") and line.endswith(" 1.0"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-            out[labels["worker"]] = labels["model_version"]
-    return out
-
-
-def until_every_worker_serves(url: str, version: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        serving = serving_by_worker(url)
-        if len(serving) == 2 and set(serving.values()) == {version}:
-            return
-        assert time.monotonic() < deadline, f"workers serve {serving}, not all {version}"
-        time.sleep(0.2)
 
 
 def test_failed_reload_leaves_the_old_model_serving(client, broken_dir, default_model):
