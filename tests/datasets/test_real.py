@@ -310,6 +310,79 @@ def test_spawn_pool_yields_every_result_of_chunked_tasks_and_the_bar_counts():
         advance("healthy 2")
 
 
+def test_an_interrupted_spawn_pool_stops_its_workers_at_once():
+    # every task used to be submitted up front and the pool's exit waited for them all:
+    # Ctrl-C froze the bar while the workers went on
+    import multiprocessing
+    import signal
+    import time
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    began = time.perf_counter()
+    signal.setitimer(signal.ITIMER_REAL, 4.0)  # "Ctrl-C" once the workers are busy
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(spawn_pool(time.sleep, [(60.0,)] * 6, 2))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.perf_counter() - began < 20  # not the 3 x 60 s of sleeps queued
+    assert multiprocessing.active_children() == []  # terminated and waited for
+
+
+@pytest.mark.slow  # ~20-60 s a signal: two spawned workers import torch and record
+@pytest.mark.parametrize(("name", "group"), [("SIGINT", True), ("SIGTERM", False)])
+def test_data_real_stops_on_the_first_ctrl_c_or_sigterm_leaving_no_temp_files_or_workers(
+    tmp_path, name, group
+):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    command = Path(sys.executable).with_name("collapse-guard")
+    args = ["data", "real", "--n", "6", "--workers", "2", "--steps", "300", "--out", str(tmp_path)]
+    sweep = subprocess.Popen(
+        [str(command), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's job
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list(tmp_path.glob("*.parquet.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a run is half-recorded: its temp file is on disk
+        assert list(tmp_path.glob("*.parquet.tmp")), "no run started in 240 s"
+        workers = psutil.Process(sweep.pid).children(recursive=True)
+        assert len(workers) >= 2
+        stopped_at = time.monotonic()
+        number = getattr(signal, name)
+        # Ctrl-C in a terminal reaches every process of the job; SIGTERM (kill, a
+        # scheduler's stop) the parent alone
+        os.killpg(sweep.pid, number) if group else sweep.send_signal(number)
+        _, err = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert time.monotonic() - stopped_at < 15, err
+    assert sweep.returncode == {"SIGINT": 130, "SIGTERM": 143}[name], err
+    finished = len(list(tmp_path.glob("*.parquet")))
+    said = "Ctrl-C" if name == "SIGINT" else name
+    assert f"stopped by {said}: {finished} of 6 runs finished in {tmp_path}" in err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("*.tmp"))
+    psutil.wait_procs(workers, timeout=5)
+    assert [w.pid for w in workers if w.is_running() and w.status() != "zombie"] == []
+
+
 @pytest.mark.slow
 def test_dask_path_runs_on_a_local_cluster(tmp_path):
     from distributed import LocalCluster

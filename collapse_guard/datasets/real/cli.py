@@ -70,11 +70,23 @@ def real_command(
             err=True,
         )
         raise typer.Exit(2) from None
-    existing = sum((out / f"{run_id_for(seed, i, focus)}.parquet").exists() for i in range(n))
+    planned = [out / f"{run_id_for(seed, i, focus)}.parquet" for i in range(n)]
+    existing = sum(path.exists() for path in planned)
     began = time.perf_counter()
-    paths = generate_real_runs(
-        n, out, workers=workers, seed=seed, scheduler=scheduler, steps=steps, focus=focus
-    )
+    try:
+        paths = generate_real_runs(
+            n, out, workers=workers, seed=seed, scheduler=scheduler, steps=steps, focus=focus
+        )
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (parallel.Stopped)
+        name = getattr(stop, "signal_name", "Ctrl-C")
+        finished = sum(path.exists() for path in planned)
+        typer.echo(
+            f"stopped by {name}: {finished} of {n} runs finished in {out} "
+            f"({finished - existing} of them now); run the same command again to resume "
+            "(finished runs are kept, unfinished ones redone)",
+            err=True,
+        )
+        raise typer.Exit(143 if name == "SIGTERM" else 130) from None
     minutes = (time.perf_counter() - began) / 60
     metas = [read_meta(path) for path in paths]
     collapsed = [m for m in metas if m.onset_step is not None]

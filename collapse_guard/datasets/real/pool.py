@@ -7,6 +7,12 @@ size one thread per run, one run per core, is the fastest use of a machine.
 Resumable: run ``i`` of a seed always gets the same id, file name and config, a
 finished file is skipped, and a leftover ``.tmp`` (a run killed midway) is redone.
 
+Stoppable: Ctrl-C or SIGTERM stops the sweep at once (``datasets.parallel``: the
+workers are terminated mid-run, SIGTERM raises ``Stopped``, a ``KeyboardInterrupt``);
+the finished run files stay, the unfinished runs' ``.tmp`` files are removed, and the
+same call resumes. Runs on a Dask cluster are cancelled, but a task already running on
+a worker finishes there (Dask cannot stop it).
+
 Processes are started by spawn, never fork (``datasets.parallel``, shared with the
 synthetic generator). ``OMP_WAIT_POLICY=passive`` is set in the parent before the pool
 starts (children inherit it) and again in each child before torch is imported:
@@ -17,12 +23,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from collapse_guard.datasets.parallel import run_progress, spawn_pool
+from collapse_guard.datasets.parallel import run_progress, spawn_pool, stop_on_sigterm
 from collapse_guard.datasets.real.config import RealRunConfig
-from collapse_guard.datasets.real.runner import RunResult
+from collapse_guard.datasets.real.runner import RunResult, temp_path
 from collapse_guard.datasets.real.sampler import Focus, sample_configs
 
 __all__ = ["generate_real_runs", "run_id_for", "run_task"]
@@ -52,19 +58,23 @@ def run_task(config: dict, path: str, run_id: str) -> RunResult:
     return run_real(RealRunConfig.from_dict(config), Path(path), run_id)
 
 
-def _results_in_process(tasks: list[tuple[dict, str, str]]) -> Iterator[RunResult]:
+def _results_in_process(tasks: list[tuple[dict, str, str]]) -> Generator[RunResult, None, None]:
     from collapse_guard.datasets.real.runner import run_real
 
     for config, path, run_id in tasks:
         yield run_real(RealRunConfig.from_dict(config), Path(path), run_id)
 
 
-def _results_from_pool(tasks: list[tuple[dict, str, str]], workers: int) -> Iterator[RunResult]:
+def _results_from_pool(
+    tasks: list[tuple[dict, str, str]], workers: int
+) -> Generator[RunResult, None, None]:
     _single_threaded_env()  # children inherit the parent's environment at spawn
     yield from spawn_pool(run_task, tasks, workers, initializer=_single_threaded_env)
 
 
-def _results_from_dask(tasks: list[tuple[dict, str, str]], scheduler: str) -> Iterator[RunResult]:
+def _results_from_dask(
+    tasks: list[tuple[dict, str, str]], scheduler: str
+) -> Generator[RunResult, None, None]:
     from distributed import as_completed as dask_completed
 
     from collapse_guard._scheduler import scheduler_client
@@ -96,6 +106,8 @@ def generate_real_runs(
     runs go to a local spawn pool of ``workers`` processes. One worker (or one run
     left to do) runs in this process, with its torch thread settings: no start-up cost.
     ``focus`` narrows the sweep to some recipes and optimizers (``sampler.Focus``).
+    Ctrl-C or SIGTERM stops it at once (module docstring) and raises
+    ``KeyboardInterrupt`` (``parallel.Stopped`` for SIGTERM) once the workers are gone.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}; pass the number of runs to make")
@@ -117,7 +129,14 @@ def generate_real_runs(
         results = _results_in_process(tasks)
     else:
         results = _results_from_pool(tasks, min(workers, len(tasks)))
-    _drain(results, total=n, done=n - len(tasks), show=progress and bool(tasks))
+    with stop_on_sigterm():
+        try:
+            _drain(results, total=n, done=n - len(tasks), show=progress and bool(tasks))
+        except BaseException:  # Ctrl-C, SIGTERM, a run's error
+            results.close()  # the workers are gone before their files are touched
+            for path in paths:
+                temp_path(path).unlink(missing_ok=True)
+            raise
     return paths
 
 
