@@ -1,8 +1,11 @@
 """The README's Python examples run as written, and its commands parse as written."""
 
 import math
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -53,11 +56,24 @@ def test_predictor_example_scores_every_step():
 _OPTIONAL = re.compile(r"\s*\[([^\]]*)\]")
 
 
-def _command_lines() -> list[str]:
-    """Every ``collapse-guard ...`` line of the README's bash blocks, comments cut."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def _command_lines(text: str | None = None) -> list[str]:
+    """Every ``collapse-guard ...`` line of the README's (or ``text``'s) bash blocks,
+    comments cut."""
+    blocks = re.findall(r"```bash\n(.*?)```", text or README.read_text(), flags=re.DOTALL)
     lines = (line.split("  #")[0].strip() for b in blocks for line in b.splitlines())
     return [line for line in lines if line.startswith("collapse-guard ")]
+
+
+def _section(heading: str) -> str:
+    """The README's text from the ``## heading`` line to the next ``## ``."""
+    text = README.read_text()
+    start = text.index(f"\n## {heading}")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _quick_path() -> list[list[str]]:
+    """The quick path's commands in order, each as its arguments."""
+    return [shlex.split(line)[1:] for line in _command_lines(_section("Quick path"))]
 
 
 def _forms(line: str) -> list[list[str]]:
@@ -98,39 +114,135 @@ def test_every_readme_command_parses_as_written(tmp_path, monkeypatch):
 
 def test_readme_runs_form_gives_every_folder():
     """`--runs a b` (the README's form) and `--runs a --runs b` mean the same."""
-    (train,) = [line for line in _command_lines() if line.startswith("collapse-guard train")]
+    (train,) = [
+        line
+        for line in _command_lines()
+        if line.startswith("collapse-guard train --runs data/real")
+    ]
     runs = _parse(_forms(train)[0]).params["runs"]
     assert [str(p) for p in runs] == ["data/real", "data/synth"]
     repeated = ["train", "--runs", "data/real", "--runs", "data/synth", "--seed", "3"]
     assert _parse(repeated).params["runs"] == runs
 
 
-@pytest.mark.slow
-def test_readme_train_evaluate_predict_run_as_written(tmp_path, monkeypatch):
-    """train, evaluate and predict as the README writes them, on short synthetic runs in
-    data/real and data/synth, with the README's store (./mlruns/mlflow.db)."""
-    from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
-    from collapse_guard.datasets.synthetic.sampler import SamplerConfig
+def _option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
 
+
+def test_the_quick_path_evaluates_runs_the_bundled_model_never_saw():
+    """The real runs the quick path makes are of a seed the bundled model never trained or
+    validated on, so its `evaluate` scores them instead of refusing them; the file it
+    predicts on is one of them."""
+    from collapse_guard.predictor import RiskModel
+    from collapse_guard.predictor.seen_runs import SeenRuns
+
+    steps = _quick_path()
+    (real,) = [a for a in steps if a[:2] == ["data", "real"]]
+    folder, n, seed = _option(real, "--out"), int(_option(real, "--n")), _option(real, "--seed")
+    seen = SeenRuns.from_meta(RiskModel.load().meta)
+    ids = [f"real-s{seed}-{i:05d}" for i in range(n)]
+    assert [seen.role_of(i) for i in ids] == [None] * n
+    assert any(r.startswith("real-s0-") for r in (*seen.train, *seen.validation))  # a real check
+    assert ["evaluate", "--runs", folder] in steps
+    (predict,) = [a for a in steps if a[0] == "predict"]
+    assert Path(predict[1]).parent == Path(folder) and Path(predict[1]).stem in ids
+
+
+_CHEAP = {"--n": {"200": "30", "20": "8", "4": "2"}, "--steps": {"300": "120"}}  # smaller sweeps
+
+
+def _cheap(args: list[str]) -> list[str]:
+    """``args`` with the sweep sizes of ``_CHEAP`` (the times the README quotes are for the
+    sizes it writes; the commands and their outputs are the same)."""
+    return [_CHEAP.get(args[i - 1], {}).get(a, a) if i else a for i, a in enumerate(args)]
+
+
+@pytest.mark.slow  # ~2.5 min on 2 busy cores
+def test_the_quick_path_runs_as_written(tmp_path, monkeypatch):
+    """Every quick-path command in order, smaller sweeps, in a fresh folder with the
+    README's store (./mlruns/mlflow.db); then the champion by its short name."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    short = SamplerConfig(min_steps=600, max_steps=1200)
-    generate_synthetic_runs(12, "data/synth", seed=21, config=short)
-    real = generate_synthetic_runs(12, "data/real", seed=22, config=short)
-    real[3].rename("data/real/real-s0-00003.parquet")  # the file the README predicts on
-    lines = {shlex.split(line)[1]: line for line in _command_lines()}
-
-    def run(args: list[str]) -> str:
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 0, result.output
-        return " ".join(result.output.split())
-
-    assert "now champion" in run(_forms(lines["train"])[0])
-    # with its options: --model models:/collapse-predictor@champion --unseen-only
-    evaluate = _forms(next(line for line in _command_lines() if "--unseen-only" in line))[1]
-    assert "runs it never saw" in run(evaluate)
-    assert "plot written to risk.png" in run(_forms(lines["predict"])[0])
+    outputs = []
+    for args in _quick_path():
+        result = CliRunner().invoke(app, _cheap(args))
+        assert result.exit_code == 0, f"{' '.join(args)}:\n{result.output}"
+        outputs.append((args, " ".join(result.output.split())))
+    said = {" ".join(a): out for a, out in outputs}
+    assert len(list(Path("data/quick/synth").glob("*.parquet"))) == 30
+    assert "now champion" in said["train --runs data/quick/synth"]
+    evaluations = [out for line, out in said.items() if line.startswith("evaluate")]
+    assert len(evaluations) == 2 and all("runs it never saw" in out for out in evaluations)
+    assert "plot written to risk.png" in next(o for a, o in outputs if a[0] == "predict")
     assert Path("risk.png").stat().st_size > 10_000
-    # the champion by its short name: the registered version, not the bundled model
-    predict = _forms(lines["predict"])[0][:2]
-    assert run([*predict, "--model", "@champion"]).endswith("model 1")
+    predict = next(a for a, _ in outputs if a[0] == "predict")[:2]
+    champion = CliRunner().invoke(app, [*predict, "--model", "@champion"])
+    assert champion.exit_code == 0 and " ".join(champion.output.split()).endswith("model 1")
+
+
+# ------------------------------------------------- the demo's figures, as it prints them
+
+_CELL = re.compile(r"[│┃|]")  # rich's box bars (ASCII "|" where the terminal has no Unicode)
+
+
+def _demo_section() -> str:
+    text = _section("The guard")
+    return text[text.index("`make demo` (`collapse-guard demo`)") :]
+
+
+def _rows(lines: list[str], split) -> dict[str, list[str]]:
+    """Table rows by run name: every cell but the last (wall seconds vary with the load)."""
+    cells = ([c.strip() for c in split(line.strip())] for line in lines)
+    return {c[0]: c[1:-1] for c in cells if c and c[0] in ("unguarded", "guarded")}
+
+
+def _quoted(pattern: str, text: str) -> str:
+    found = re.search(pattern, " ".join(text.split()))
+    assert found, f"the README's demo section no longer says {pattern!r}"
+    return found.group(1)
+
+
+def _same_as_quoted(value: float, quoted: str) -> bool:
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return round(value, decimals) == float(quoted)
+
+
+@pytest.mark.slow  # ~1 min: the demo as `make demo` runs it (its own process: pinned kernels)
+def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
+    from collapse_guard.datasets.runfile import read_run
+
+    command = Path(sys.executable).with_name("collapse-guard")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    done = subprocess.run(
+        [str(command), "demo", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=True,
+    )
+    section = _demo_section()
+    block = re.search(r"```\n(.*?)```", section, flags=re.DOTALL).group(1)
+    quoted = _rows(block.splitlines(), lambda line: re.split(r"\s{2,}", line))
+    printed = _rows(done.stdout.splitlines(), lambda line: _CELL.split(line)[1:-1])
+    assert set(quoted) == {"unguarded", "guarded"}
+    assert printed == quoted, done.stdout  # final loss, collapse, first warning (lead), actions
+    # the prose: the warning and its lead, then the guarded run's actions from its run file
+    warning, lead = printed["unguarded"][2].split()  # "249", "(+52)"
+    lead = lead.strip("(+)")
+    assert _quoted(r"passes `warn` at step (\d+)", section) == warning
+    assert _quoted(r"(\d+) steps before the unguarded run collapses", section) == lead
+    assert f"warns of {lead} steps ahead" in README.read_text()  # the top line
+    frame, _ = read_run(next((tmp_path / "guarded").glob("run-*.parquet")))
+    events = [(int(s), e) for s, e in zip(frame["step"], frame["event"], strict=True) if e]
+    first_cut = next(s for s, e in events if "lr_x0.5" in e)
+    assert _quoted(r"halves the LR at step (\d+)", section) == str(first_cut)
+    ((rescue, actions),) = [(s, e) for s, e in events if "rescue:" in e]
+    assert _quoted(r"\(step (\d+), the loop's LR", section) == str(rescue)
+    lr = frame.loc[frame["step"] == rescue, "lr"].item()
+    assert _same_as_quoted(lr, _quoted(r"the loop's LR ([\d.]+)\)", section))
+    parts = dict(p.split(":", 1) for p in actions.split(";"))
+    assert parts["rollback"].endswith("@" + _quoted(r"the newest of step (\d+)", section))
+    assert parts["skip_batches"] == _quoted(r"skips (\d+) batches", section)
+    assert _same_as_quoted(float(parts["lr_ceiling"]), _quoted(r"caps the LR at ([\d.]+)", section))
+    assert _quoted(r"trains on to ([\d.]+)", section) == printed["guarded"][0]
