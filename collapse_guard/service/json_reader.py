@@ -8,7 +8,7 @@ buffer of doubles, with no Python object per number.
 Only the plain form is read here: objects without repeated keys, ``run_id`` a string,
 ``steps`` a flat array of whole numbers, signal values a flat array of numbers or
 ``null``, context values numbers or ``null``, ``top_k`` a whole number 0..50, at least
-one run (booleans are none of these). Anything else (the string or literal spellings of
+one run and one step (booleans are none of these). Anything else (the string or literal spellings of
 non-finite values, numbers written as strings, a malformed body) gives None and the
 caller reads the body with the ``RiskRequest`` model, which accepts the rest and names
 what is wrong. Both readers give the same runs for a plain body (tested, and fuzzed).
@@ -101,7 +101,10 @@ def _run(run: Any) -> RawRun:
     signals = _object(run["signals"])
     columns = {name: _numbers(signals[name]) for name in signals.keys()}
     context = run["context"] if "context" in run else None
-    return RawRun(run_id, _whole_numbers(run["steps"]), columns, _context(context))
+    steps = _whole_numbers(run["steps"])
+    if not len(steps):  # the schema asks for one step at least
+        raise _NotPlain
+    return RawRun(run_id, steps, columns, _context(context))
 
 
 def _whole_numbers(value: Any) -> np.ndarray:

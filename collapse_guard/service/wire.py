@@ -8,22 +8,25 @@ Numbers. A signal value is a JSON number, ``null`` (not measured at that step), 
 measured non-finite value written either as the strings ``"NaN"``, ``"Infinity"``,
 ``"-Infinity"`` or as the bare literals ``NaN``, ``Infinity``, ``-Infinity`` that
 Python's ``json.dumps`` writes by default. Both forms are read the same way. Strings
-holding a number (``"2.5"``) are read as that number; any other string, a boolean, a
-list or an object is rejected with a 400 that names the field. Steps and ``top_k`` are
-JSON integers (not booleans, not ``2.0``).
+holding a number as JSON writes one (``"2.5"``, ``"-1e-3"``) are read as that number;
+any other string, a boolean, a list or an object is rejected with a 400 that names the
+field. Steps and ``top_k`` are JSON integers (not booleans, not ``2.0``). The published
+schema (``/docs.json``) says exactly this, so that what it allows is what is read.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from collapse_guard.service.limits import Limits
 
 __all__ = [
     "ERROR_EXAMPLE",
+    "NUMBER_TEXT",
     "ErrorBody",
     "ExplainResponse",
     "Factor",
@@ -42,16 +45,37 @@ __all__ = [
 Level = Literal["ok", "watch", "warn", "critical"]
 
 
-def _not_a_boolean(value: Any) -> Any:
-    # pydantic reads true as 1.0 for a float; the schema says number, and JSON Schema's
-    # number is never a boolean (one call a value: the general reader only, ~20 % of it)
+# a number as JSON writes one, or a non-finite value's name: the strings a value may be
+NUMBER_TEXT = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|NaN|Infinity|-Infinity)$"
+_NUMBER_TEXT = re.compile(NUMBER_TEXT)
+
+
+def _number_or_null(value: Any) -> Any:
+    # pydantic reads true as 1.0 and " +1_0 " as 10.0 for a float; the schema allows
+    # neither (one call a value: the general reader only, ~20 % of its time)
     if type(value) is bool:
         raise PydanticCustomError("float_type", "Input should be a valid number, not a boolean")
+    if isinstance(value, str) and not _NUMBER_TEXT.match(value):
+        raise PydanticCustomError(
+            "float_parsing", "Input should be a number, or a string holding one as JSON writes it"
+        )
     return value
 
 
 # float | None: None is "not measured" (NaN to the features, never 0)
-Value = Annotated[float | None, BeforeValidator(_not_a_boolean)]
+Value = Annotated[
+    float | None,
+    BeforeValidator(_number_or_null),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number"},
+                {"type": "null"},
+                {"type": "string", "pattern": NUMBER_TEXT},
+            ]
+        }
+    ),
+]
 
 _VALUE_DOC = (
     'numbers; null = not measured; "NaN", "Infinity", "-Infinity" (or the bare JSON '
@@ -64,6 +88,7 @@ class Run(BaseModel):
 
     run_id: str = Field(description="The caller's id of the run, echoed in the answer.")
     steps: list[StrictInt] = Field(
+        min_length=1,
         description="Training steps of the rows, strictly increasing; the last one is 'now'.",
         examples=[[0, 1, 2]],
     )
