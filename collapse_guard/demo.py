@@ -30,6 +30,7 @@ import platform
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -38,7 +39,15 @@ import typer
 
 from collapse_guard.datasets.real.config import OPTIMIZERS
 
-__all__ = ["DEFAULT", "PINNED_KERNELS", "DemoRun", "demo", "run_scenario", "scenario"]
+__all__ = [
+    "DEFAULT",
+    "PINNED_KERNELS",
+    "DemoRun",
+    "demo",
+    "pinned_kernels",
+    "run_scenario",
+    "scenario",
+]
 
 Optimizer = enum.Enum("Optimizer", {name: name for name in OPTIMIZERS}, type=str)  # the choices
 # the demo's scenario (``scenario``'s arguments): a Lion re-warm over 400 steps to 3.3x the
@@ -256,12 +265,11 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
     return path
 
 
-def _pin_kernels() -> None:
-    """``PINNED_KERNELS`` into the environment, read by torch and MKL when torch is first
-    imported: x86-64 only, and only before (in-process callers that imported it keep theirs)."""
-    if platform.machine().lower() in ("x86_64", "amd64") and "torch" not in sys.modules:
-        for name, value in PINNED_KERNELS.items():
-            os.environ.setdefault(name, value)
+def pinned_kernels(environ: Mapping[str, str], machine: str) -> dict[str, str]:
+    """What of ``PINNED_KERNELS`` to set: on x86-64, the variables the user has not set."""
+    if machine.lower() not in ("x86_64", "amd64"):
+        return {}
+    return {name: value for name, value in PINNED_KERNELS.items() if name not in environ}
 
 
 def demo(
@@ -292,7 +300,8 @@ def demo(
     """Train a small transformer twice, unguarded and guarded, into a slow LR re-warm."""
     import shutil
 
-    _pin_kernels()
+    if "torch" not in sys.modules:  # torch and MKL read them when torch is first imported
+        os.environ.update(pinned_kernels(os.environ, platform.machine()))
     import torch
     from rich.console import Console
 

@@ -2,6 +2,7 @@
 
 import math
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -246,3 +247,33 @@ def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
     assert parts["skip_batches"] == _quoted(r"skips (\d+) batches", section)
     assert _same_as_quoted(float(parts["lr_ceiling"]), _quoted(r"caps the LR at ([\d.]+)", section))
     assert _quoted(r"trains on to ([\d.]+)", section) == printed["guarded"][0]
+
+
+def test_the_demo_pins_the_kernels_on_x86_64_unless_the_user_chose():
+    from collapse_guard.demo import PINNED_KERNELS, pinned_kernels
+
+    assert (
+        pinned_kernels({}, "x86_64")
+        == PINNED_KERNELS
+        == {
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_CBWR": "AVX2",
+        }
+    )
+    assert pinned_kernels({"MKL_CBWR": "COMPATIBLE"}, "AMD64") == {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert pinned_kernels({}, "arm64") == {}
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+def test_torch_runs_the_pinned_kernels():
+    from collapse_guard.demo import PINNED_KERNELS
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env={**os.environ, **PINNED_KERNELS},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == "AVX2"  # the machine's own choice may be AVX512
