@@ -149,3 +149,28 @@ def test_plain_bodies_still_take_the_fast_reader():
     runs, top_k = read_plain_json(body)
     assert [r.run_id for r in runs] == ["a", "b"] and top_k == 0
     assert runs[0].columns["loss"].tolist() == [2.5, 2.4, 2.3]
+
+
+def test_compressed_dictionary_and_oversized_batches_are_refused_before_decoding():
+    """A 49 KB zstd body held 1.6 GB of zeros: refused from its header, unread."""
+    rows = 20_000_000
+    zeros = batch(step=pa.array(np.zeros(rows, np.int64)), loss=pa.array(np.zeros(rows)))
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, zeros.schema, options=options) as writer:
+        writer.write_batch(zeros)
+    bomb = sink.getvalue().to_pybytes()
+    assert len(bomb) < 200_000 < zeros.nbytes
+    small = {"step": pa.array(np.arange(3)), "loss": pa.array([2.5, 2.4, 2.3])}
+    dictionary = batch(run_id=pa.array(["a"] * 3).dictionary_encode(), **small)
+    many = Limits().max_runs * Limits().max_steps + 1
+    oversized = batch(step=pa.array(np.arange(many)), loss=pa.array(np.zeros(many)))
+    for body, words in (
+        (bomb, "a compressed record batch"),
+        (stream(dictionary), "a dictionary-encoded column"),
+        (stream(oversized), f"a record batch of {many} rows"),
+    ):
+        with pytest.raises(BadRequest) as caught:
+            decode_runs(body, **SHAPE)
+        assert caught.value.field == "arrow stream" and caught.value.got == words
+    assert len(decode_runs(stream(batch(**small), batch(**small)), **SHAPE)) == 2
