@@ -9,6 +9,8 @@ The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order
         logits, loss = model(x, y)
         loss.backward()                       # (scaler.scale(loss).backward() with AMP)
         decision = guard.step(loss)           # replaces clipping and optimizer.step():
+            # <CHECK>     the loss is one number; the gradients are this step's (a fresh
+            #             backward: else the update is skipped, with one warning)
             # <POLL>      the newest risk answer, if one arrived: level and probability
             # <UNSCALE>   scaler.unscale_(optimizer) when a GradScaler was given
             # <MEASURE>   probe.after_backward(loss); per-tensor gradient norms; one sync
@@ -17,7 +19,8 @@ The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order
             #             or not, scaler.update(), probe.after_step(), LR restored
             # <RESCUE>    forensics, roll back to the ring's average, skip batches, cap the LR
             # <RECORD>    the step's row and events into the run file (source "guarded")
-            # <KEEP>      a healthy checkpoint when due; the window to the risk source
+            # <KEEP>      a healthy checkpoint when due (every parameter finite; the run
+            #             file's rows made durable first); the window to the risk source
         optimizer.zero_grad()
         scheduler.step()                      # any torch scheduler, or none
     guard.close()                             # flushes the run file; idempotent
