@@ -1,5 +1,6 @@
 """The README's Python examples run as written, and its commands parse as written."""
 
+import json
 import math
 import os
 import platform
@@ -277,3 +278,52 @@ def test_torch_runs_the_pinned_kernels():
         check=True,
     )
     assert done.stdout.strip() == "AVX2"  # the machine's own choice may be AVX512
+
+
+_VARIANTS = """
+import json, sys, torch
+torch.set_num_threads(1)
+from collapse_guard.demo import DEFAULT, run_scenario, scenario
+from collapse_guard.predictor import RiskModel
+model, out = RiskModel.load(), {}
+for name, over in json.loads(sys.argv[1]).items():
+    run = run_scenario(scenario(**{**DEFAULT, **over}), model, guarded=False)
+    out[name] = [max(run.risk.values()), run.first_warning, run.onset, run.final_loss]
+print(json.dumps({"warn": model.thresholds["warn"], **out}))
+"""
+
+
+@pytest.mark.slow  # ~1 min: two unguarded runs of the demo
+def test_the_readmes_demo_variants_are_what_they_print():
+    """The demo section's other figures: a healthy re-warm to half the edge passes `warn`;
+    the AdamW re-warm gives no warning and does not collapse."""
+    from collapse_guard.demo import PINNED_KERNELS
+
+    section = _demo_section()
+    half = float(_quoted(r"re-warmed to ([\d.]+), half Lion's edge", section))
+    adamw = _quoted(r"Under AdamW \(`(--optimizer adamw [^`]*)`\)", section).split()
+    over = {"half": {"rewarm_lr": half}, "adamw": {}}
+    for name, value in zip(adamw[::2], adamw[1::2], strict=True):
+        key = name.lstrip("-").replace("-", "_")
+        over["adamw"][key] = value if key == "optimizer" else float(value)
+    done = subprocess.run(
+        [sys.executable, "-c", _VARIANTS, json.dumps(over)],
+        env={**os.environ, **PINNED_KERNELS},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    figures = json.loads(done.stdout.splitlines()[-1])
+    peak, warning, onset, _ = figures["half"]
+    assert onset is None and warning is not None  # healthy, and warned of all the same
+    quoted_peak, quoted_warn = re.search(
+        r"\(([\d.]+) against ([\d.]+)\)", " ".join(section.split())
+    ).groups()
+    assert _same_as_quoted(peak, quoted_peak) and _same_as_quoted(figures["warn"], quoted_warn)
+    peak, warning, onset, final = figures["adamw"]
+    assert warning is None and onset is None
+    assert peak < float(_quoted(r"the risk stays under ([\d.]+): no warning", section))
+    assert _same_as_quoted(
+        final, _quoted(r"the label finds no onset; final loss ([\d.]+)", section)
+    )
