@@ -253,3 +253,19 @@ def test_hand_written_families_record_their_own_parts_and_refuse_others(sweep):
         RealRunConfig(family="gpt", positions="rope")
     with pytest.raises(ValueError, match="positions='sinusoid' is not known"):
         RealRunConfig(family="drawn", positions="sinusoid")
+
+
+def test_data_real_names_an_unknown_family_and_the_known_ones_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from collapse_guard.datasets.cli import app
+
+    args = ["real", "--n", "2", "--families", "drawn,rwkv", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == [
+        "error: unknown families rwkv; expected some of gpt, rope_swiglu, mha, drawn "
+        "(comma-separated)"
+    ]
+    assert not list(tmp_path.iterdir())  # nothing was started
