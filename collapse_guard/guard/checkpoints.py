@@ -69,7 +69,9 @@ __all__ = [
     "average_states",
     "load_checkpoint",
     "load_verified",
+    "read_sidecar",
     "save_atomic",
+    "sidecar",
     "verify",
 ]
 

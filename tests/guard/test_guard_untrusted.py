@@ -39,10 +39,12 @@ GOOD = {
 
 class FixedAnswers:
     """A loopback HTTP server whose /risk answers 200 with ``result`` (raw JSON text, so
-    NaN and wrong types get through), /readyz 200, and anything else 404."""
+    NaN and wrong types get through), /model with ``model`` (404 without), /readyz 200,
+    and anything else 404."""
 
-    def __init__(self, result: str) -> None:
+    def __init__(self, result: str, model: dict | None = None) -> None:
         body = f'{{"results": [{result}]}}'.encode()
+        info = json.dumps(model).encode() if model else None
         self.requests = 0
         owner = self
 
@@ -64,6 +66,8 @@ class FixedAnswers:
                 )
 
             def do_GET(self) -> None:
+                if self.path == "/model" and info:
+                    return self._answer(200, info)
                 ready = self.path == "/readyz"
                 self._answer(200 if ready else 404, b"{}" if ready else b'{"error": "none"}')
 
@@ -130,24 +134,17 @@ def test_a_garbage_200_answer_falls_back_with_one_warning_and_training_goes_on(
     assert len(read_run(guard.run_path)[0]) == 30  # the run file is written
 
 
-@pytest.mark.parametrize(
-    ("probability", "level", "acted"),
-    [(0.01, "critical", "ok"), (0.99, "ok", "critical")],
-)
-def test_a_level_that_is_not_its_probabilitys_is_corrected_and_said_once(
-    tmp_path, risk_model, probability, level, acted
-):
+def _two_readings(risk_model, server: FixedAnswers) -> tuple[list, list[str], int]:
+    """Two windows through ServiceRisk and the real client: the readings, the warnings
+    about levels, and how many answers disagreed."""
     import pandas as pd
 
     from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceRisk
     from collapse_guard.service.client import RiskClient
 
-    # /model answers 404 here: the embedded model's thresholds judge the probability
-    assert risk_model.level(probability) == acted
-    server = FixedAnswers(_answer(probability=probability, level=level))
     source = ServiceRisk(RiskClient(server.url, timeout=5.0, top_k=0), EmbeddedRisk(risk_model))
     frame = pd.DataFrame({"step": range(30), "loss": [2.5] * 30})
-    readings, told = [], []
+    readings = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in (29, 39):
@@ -157,14 +154,51 @@ def test_a_level_that_is_not_its_probabilitys_is_corrected_and_said_once(
                 time.sleep(0.01)
             readings.append(reading)
         source.poll()  # the note of the answers' disagreement is given here at the latest
-        told = [str(w.message) for w in caught if "answered level" in str(w.message)]
     source.close()
     server.close()
-    assert [(r.source, r.probability, r.level) for r in readings] == [
-        ("service", probability, acted)
-    ] * 2
+    told = [str(w.message) for w in caught if "answered level" in str(w.message)]
+    return [(r.source, r.probability, r.level) for r in readings], told, source.disagreements
+
+
+@pytest.mark.parametrize(
+    ("probability", "level", "acted"),
+    [(0.01, "critical", "ok"), (0.99, "ok", "critical")],
+)
+def test_a_level_that_is_not_its_probabilitys_is_corrected_and_said_once(
+    risk_model, probability, level, acted
+):
+    # /model answers 404 here: the embedded model's thresholds judge the probability
+    assert risk_model.level(probability) == acted
+    server = FixedAnswers(_answer(probability=probability, level=level))
+    readings, told, disagreements = _two_readings(risk_model, server)
+    assert readings == [("service", probability, acted)] * 2
     assert len(told) == 1 and f"level {level!r}" in told[0] and f"call {acted!r}" in told[0]
-    assert source.disagreements == 2
+    assert disagreements == 2
+
+
+def test_the_services_own_thresholds_judge_its_answers(risk_model):
+    # a model levelled for another set-up: p = 0.01 is critical there, ok for the embedded
+    thresholds = {"watch": 0.002, "warn": 0.005, "critical": 0.009}
+    schema = {"version": "1", "window": 200, "signals": [], "context": [], "fingerprint": "f"}
+    model = {
+        "name": "stand-in",
+        "version": GOOD["model_version"],
+        "alias": None,
+        "source": "default",
+        "horizon": 200,
+        "hold_steps": 0,
+        "feature_schema": {**schema, "names": []},
+        "levels": ["ok", "watch", "warn", "critical"],
+        "thresholds": thresholds,
+        "budgets": {},
+        "trained_at": None,
+        "evaluation": {},
+        "meta": {},
+    }
+    server = FixedAnswers(_answer(probability=0.01, level="critical"), model)
+    readings, told, disagreements = _two_readings(risk_model, server)
+    assert readings == [("service", 0.01, "critical")] * 2
+    assert told == [] and disagreements == 0
 
 
 def test_read_answer_takes_only_a_risk():
