@@ -87,9 +87,16 @@ def _paths(runs: Sequence[RunRecord]) -> list[str]:
 
 
 def cluster_rows(
-    runs: Sequence[RunRecord], extractor: FeatureExtractor, *, stride: int, horizon: int, client
+    runs: Sequence[RunRecord],
+    extractor: FeatureExtractor,
+    *,
+    stride: int,
+    horizon: int,
+    client,
+    progress=None,
 ) -> TrainingData:
-    """``build_training_data`` computed on ``client``'s workers: the same rows, same order."""
+    """``build_training_data`` computed on ``client``'s workers: the same rows, same order.
+    ``progress()`` is called per run once all are gathered (Dask's dashboard shows more)."""
     paths = _paths(runs)
     chunks = [paths[i : i + CHUNK_RUNS] for i in range(0, len(paths), CHUNK_RUNS)]
     task = partial(
@@ -101,6 +108,8 @@ def cluster_rows(
     )
     # gathered in chunk order, so rows come in run order, as the local builder gives them
     parts = client.gather(client.map(task, chunks))
+    for _ in runs if progress is not None else ():
+        progress()
     return concat_rows([p for chunk in parts for p in chunk], len(runs))
 
 

@@ -16,6 +16,15 @@ Steps (each its own function in this package, so fleet-scale training can swap o
    never saw; the validation runs when that cannot be done;
 6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
 
+Memory: the runs' frames and one copy of the training rows (``build_training_data``
+writes them in place). Beyond :data:`MAX_TRAIN_ROWS` training rows the row stride grows
+until they fit (``row_stride``; evaluation still scores every step), so 10,000
+synthetic runs train in a few GB instead of 10.4 (benchmarks/README.md).
+
+Progress: with ``progress`` given, a rich bar counts the runs whose feature rows are
+done, and a line says when each longer stage (fit, levels, baselines, evaluation)
+starts.
+
 Deterministic: the same runs and seed give the same model string. No MLflow here
 (``predictor.registry`` logs what this returns: one :class:`TrainingResult`, the model,
 its evaluation, the split's run records, the data fingerprint and the test runs, so that
@@ -75,18 +84,28 @@ from collapse_guard.predictor.training_data import (
 )
 
 __all__ = [
+    "MAX_TRAIN_ROWS",
     "RowBuilder",
     "SplitRecord",
     "TrainingResult",
     "fit_and_level",
     "fit_risk_model",
+    "row_stride",
     "set_levels",
     "train_risk_model",
 ]
 
-# (runs, extractor, *, stride, horizon) -> TrainingData: build_training_data, or
-# predictor.fleet's builder that computes the same rows on Dask workers
+# (runs, extractor, *, stride, horizon, progress) -> TrainingData: build_training_data,
+# or predictor.fleet's builder that computes the same rows on Dask workers; progress()
+# is called once per run done
 RowBuilder = Callable[..., TrainingData]
+
+# Training rows held at most, before the stride grows (``row_stride``): 500k rows of
+# ~240 float64 features are ~1 GB. The bundled model's 526 real runs give 18.5k rows;
+# 10,000 synthetic runs of ~2,100 steps gave 1.3M at stride 10 (2.6 GB, and as much
+# again while they were concatenated). Neighbouring windows share 199 of 200 steps, so
+# a stride of 25 instead of 10 drops little that the model could learn.
+MAX_TRAIN_ROWS = 500_000
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,26 @@ def _log(progress: Callable[[str], None] | None, message: str) -> None:
         progress(message)
 
 
+def row_stride(
+    runs: Sequence[RunRecord], stride: int, horizon: int, max_rows: int = MAX_TRAIN_ROWS
+) -> int:
+    """``stride``, or the smallest larger one that keeps the training rows of ``runs``
+    (every stride-th step before onset, as ``build_training_data``) within ``max_rows``."""
+    # at most ceil(rows / s) training rows per run at stride s (fewer: onset cuts them)
+    lengths = [len(r.frame) for r in runs]
+    while sum(-(-n // stride) for n in lengths) > max_rows:
+        stride += 1
+    return stride
+
+
+def _rows(rows: RowBuilder, runs, extractor, label: str, progress, **kwargs) -> TrainingData:
+    """``rows(runs, ...)`` under a rich bar of the runs done, when progress is wanted."""
+    from collapse_guard.datasets.parallel import run_progress
+
+    with run_progress(label, total=len(runs), enabled=progress is not None) as advance:
+        return rows(runs, extractor, progress=advance, **kwargs)
+
+
 def fit_risk_model(
     train_runs: Sequence[RunRecord],
     val_runs: Sequence[RunRecord],
@@ -161,15 +200,19 @@ def fit_risk_model(
     signals: Sequence[str] = MODEL_SIGNALS,
     rows: RowBuilder = build_training_data,
     hold_steps: int = DEFAULT_HOLD_STEPS,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[RiskModel, CollapsePredictor]:
     """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet.
 
     ``rows`` builds the feature rows of a list of runs (module docstring, fleet scale).
     ``hold_steps``: the risk the levels will be set on is held this long (``hold``).
+    ``progress``: lines of text, and a bar while the rows are built (module docstring).
     """
     extractor = FeatureExtractor(window=window, signals=signals)
-    train = rows(train_runs, extractor, stride=stride, horizon=horizon)
-    val = rows(val_runs, extractor, stride=stride, horizon=horizon)
+    common = {"stride": stride, "horizon": horizon}
+    train = _rows(rows, train_runs, extractor, "features: train runs", progress, **common)
+    val = _rows(rows, val_runs, extractor, "features: validation runs", progress, **common)
+    _log(progress, f"fitting LightGBM on {len(train)} rows (early stopping on {len(val)})")
     predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))
     predictor.fit(train.X, train.y, eval_set=(val.X, val.y))
     calibrator = Calibrator(calibration).fit(predictor.raw_proba(val.X), val.y)
@@ -329,6 +372,9 @@ def train_risk_model(
     require_trainable_split(metas, split)  # before any fit: what each split lacks
     by_split = _by_split(runs, split)
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
+    wanted, stride = stride, row_stride(by_split["train"], stride, horizon)
+    if stride != wanted:
+        _log(progress, f"row stride {stride} instead of {wanted}: at most {MAX_TRAIN_ROWS} rows")
     model = fit_and_level(
         by_split["train"],
         by_split["validation"],
@@ -343,6 +389,7 @@ def train_risk_model(
         signals=signals,
         rows=rows,
         hold_steps=hold_steps,
+        progress=progress,
     )
     _log(
         progress,
@@ -350,6 +397,7 @@ def train_risk_model(
         f"{model.meta['levels_from']['runs']} runs ({time.perf_counter() - t0:.0f} s)",
     )
     # the learned baselines are tuned on the validation runs, as the model's levels are
+    _log(progress, "fitting and tuning the baselines")
     baselines = default_baselines(
         by_split["train"],
         by_split["validation"],
@@ -357,6 +405,7 @@ def train_risk_model(
         budget_per_10k=eval_budget_per_10k,
         seed=seed,
     )
+    _log(progress, f"evaluating on {len(by_split['test'])} test runs, every step, beside them")
     report = evaluate_runs(
         by_split["test"], model, baselines, budget_per_10k=eval_budget_per_10k, horizon=horizon
     )

@@ -197,3 +197,28 @@ def test_synthetic_runs_alone_set_the_levels_on_validation_runs_and_say_why(trai
         "not_cross_fitted": "0 family value(s) among the runs (synthetic runs have none); "
         "cross-fitting needs at least two",
     }
+
+
+def test_the_row_stride_grows_only_past_the_row_budget():
+    from collapse_guard.predictor.train import MAX_TRAIN_ROWS, row_stride
+
+    runs = [_healthy(f"r{n}", "synthetic", n) for n in (1000, 500)]
+    # stride 10: 100 + 50 = 150 rows; within 100 rows: ceil(1000/16) + ceil(500/16) = 95,
+    # where stride 15 gives 67 + 34 = 101
+    assert row_stride(runs, 10, 200, max_rows=150) == 10
+    assert row_stride(runs, 10, 200, max_rows=100) == 16
+    # the default budget: 10,000 synthetic runs of ~2,100 steps (6,000 train runs) train
+    # at stride 26, 6,000 x 81 = 486k rows (stride 25: 504k), where stride 10 gave 1.26M
+    fleet = [_healthy("r", "synthetic", 2100)] * 6000
+    assert MAX_TRAIN_ROWS == 500_000 and row_stride(fleet, 10, 200) == 26
+
+
+def test_training_says_each_stage_and_counts_the_runs_it_reads(synthetic_paths, capsys):
+    lines: list[str] = []
+    kwargs = {"seed": 5, "stride": 25, "params": {"n_estimators": 15, "min_child_samples": 20}}
+    train_risk_model(synthetic_paths[:30], progress=lines.append, levels_by=None, **kwargs)
+    said = " | ".join(lines)
+    for stage in ("split:", "fitting LightGBM on", "fitted", "baselines", "evaluating on"):
+        assert stage in said, said
+    bars = capsys.readouterr().out  # rich's bar, as drawn off a terminal: its last state
+    assert "features: train runs" in bars and "features: validation runs" in bars
