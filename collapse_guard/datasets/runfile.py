@@ -26,7 +26,10 @@ chunks but is small at the sizes runs have here: a 20,000-step run with all sign
 columns and ``chunk_steps=256`` (79 rewrites) spends about 2.7 s in all on them
 (135 us a step; 3.2 s to write the run against 0.55 s for one write at the end),
 measured on the shared 2-core machine. A 100,000-step run would pay ~25x that:
-raise ``chunk_steps`` there.
+raise ``chunk_steps`` there. The guard also flushes at every checkpoint (its durable point:
+a resume starts there, so the rows up to it must be on disk), by default every 100
+healthy steps: a 20,000-step guarded run rewrites 200 times, 14.5 s in all on the loaded
+machine (0.7 ms a step; the last rewrite, of 20,000 rows, 115 ms).
 
 Example::
 
