@@ -296,27 +296,35 @@ class CheckpointRing:
                 removed.append(path.name)
         return removed
 
-    def newest_valid(self) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    def newest_valid(
+        self, tidy: bool = True
+    ) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
         """The newest checkpoint that passes :func:`load_verified`, its state, and one
-        line per newer file skipped (``name: why``). Skipped files are renamed
-        ``<name>.corrupt`` (kept for a look, out of every later scan)."""
+        line per newer file skipped (``name: why``). With ``tidy`` (one process: DDP's
+        rank 0) skipped files are renamed ``<name>.corrupt`` (kept for a look, out of
+        every later scan); a file that vanished meanwhile (renamed by rank 0) is skipped."""
         skipped = []
         for path in reversed(self.existing()):
             try:
                 return path, load_verified(path), skipped
             except CorruptCheckpoint as error:
                 skipped.append(f"{path.name}: {error.message.split(': ', 1)[-1]}")
+            except OSError as error:
+                skipped.append(f"{path.name}: {error.strerror or type(error).__name__}")
+                continue
+            if tidy:
                 path.replace(path.with_name(path.name + ".corrupt"))
                 sidecar(path).unlink(missing_ok=True)
         return None, None, skipped
 
-    def adopt(self, newest: Path) -> list[str]:
+    def adopt(self, newest: Path, tidy: bool = True) -> list[str]:
         """Resume: the ring is the folder's checkpoints up to ``newest`` (the last ``keep``);
-        older ones are orphans of the run resumed and are removed. Returns their names."""
+        older ones are orphans of the run resumed and, with ``tidy``, are removed. Returns
+        their names."""
         older = [p for p in self.existing() if p.name <= Path(newest).name]
         self._mine = older[-self.keep :]
         orphans = older[: -self.keep]
-        for path in orphans:
+        for path in orphans if tidy else ():
             self._remove(path)
         return [p.name for p in orphans]
 

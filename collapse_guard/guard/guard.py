@@ -280,7 +280,7 @@ class Guard:
         if path is not None:
             state = load_verified(path)  # the one asked for, or a CorruptCheckpoint naming it
         else:
-            path, state, skipped = self.ring.newest_valid()
+            path, state, skipped = self.ring.newest_valid(tidy=self.rank == 0)
             if skipped:
                 warnings.warn(
                     f"collapse-guard resume: skipped {len(skipped)} damaged checkpoint(s) in "
@@ -297,7 +297,7 @@ class Guard:
                 )
             if path is None:
                 raise FileNotFoundError(f"no guard checkpoint in {self.folder} to resume from")
-        self.ring.adopt(Path(path))
+        self.ring.adopt(Path(path), tidy=self.rank == 0)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
