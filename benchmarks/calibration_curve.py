@@ -5,7 +5,8 @@ saw, scored on the rest of that set-up's runs at its own stored ``warn`` level.
         [--by positions] [--k 0 3 5 10] [--repeats 5] [--markdown]
 
 A set-up is a value of ``--by`` (a key of the runs' ``config``: ``positions``, ``block``,
-``norm``, ``mlp``, ``family``, ``optimizer``, ...; ``all`` pools every run as one set-up).
+``norm``, ``mlp``, ``family``, ``optimizer``, ...; several joined by commas, e.g.
+``family,optimizer``; ``all`` pools every run as one set-up).
 For each set-up, each K and each repeat (a seeded draw of K of its healthy runs), the model
 is calibrated on the K runs (K = 0: the model as shipped) and scored on the set-up's other
 runs: its other healthy runs and its collapses that develop (``onset_kind`` = develops;
@@ -39,7 +40,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md
 import numpy as np
 
 from collapse_guard.predictor.baselines import RULE_BASELINES
-from collapse_guard.predictor.evaluation import ScoredRun, evaluate_runs, event_metrics
+from collapse_guard.predictor.evaluation import (
+    ScoredRun,
+    evaluate_runs,
+    event_metrics,
+    row_metrics,
+)
 from collapse_guard.predictor.levels import alarm_starts
 from collapse_guard.predictor.model_source import load_risk_model
 from collapse_guard.predictor.recalibrate import healthy_levels, tail_slope
@@ -84,7 +90,9 @@ def _ratio(a: int, b: int) -> float:
 
 
 def _group(record, by: str) -> str:
-    return "all" if by == "all" else str(record.meta.config.get(by, "unknown"))
+    if by == "all":
+        return "all"
+    return "/".join(str(record.meta.config.get(key, "unknown")) for key in by.split(","))
 
 
 def _scored(record, risk: np.ndarray) -> ScoredRun:
@@ -111,6 +119,27 @@ def _score(tally: Tally, runs: list[ScoredRun], threshold: float) -> None:
     tally.draws += 1
     for run in runs:
         _run_level(run, threshold, tally)
+
+
+def _ranking(group: str, members: list, risks: dict) -> dict:
+    """How well the model ranks on a set-up, before any level: ROC-AUC of steps 10-200 before
+    onset against healthy steps (``row_metrics``), the highest risk of its healthy runs, and
+    the median over its collapses of their highest risk 10-200 steps before onset."""
+    scored = [_scored(r, risks[r.run_id]) for r in members]
+    peaks = []
+    for run in scored:
+        if run.onset_step is not None:
+            near = (run.steps >= run.onset_step - 200) & (run.steps <= run.onset_step - MIN_LEAD)
+            peaks.append(np.nanmax(run.scores[near], initial=np.nan))
+    healthy = [np.nanmax(r.scores) for r in scored if r.onset_step is None]
+    return {
+        "set-up": group,
+        "runs": len(scored),
+        "collapses": len(peaks),
+        "ROC-AUC": row_metrics(scored).roc_auc,
+        "healthy max": max(healthy, default=math.nan),
+        "collapse max (median)": float(np.nanmedian(peaks)) if peaks else math.nan,
+    }
 
 
 def _others(groups: dict, risks: dict, budgets) -> Tally:
@@ -203,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             for g, rs in sorted(groups.items())
         )
     )
+    _print([_ranking(g, rs, risks) for g, rs in sorted(groups.items())], args.markdown)
     slopes = {
         g: tail_slope(np.concatenate([risks[r.run_id] for r in rs if r.meta.onset_step is None]))
         for g, rs in sorted(groups.items())
