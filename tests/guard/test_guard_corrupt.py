@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import warnings
 
 import pytest
@@ -71,22 +72,33 @@ CORRUPTIONS = {
 }
 
 
-def _run(folder, steps=31, **config):
+RING = ["guard-000000021.pt", "guard-000000026.pt", "guard-000000031.pt"]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A run of 31 steps, a checkpoint every 5: trained once, copied into each test."""
+    folder = tmp_path_factory.mktemp("pristine")
     model, opt = tiny_model()
     loop = Loop()
-    guard = Guard(model, opt, folder, risk="off", config={"checkpoint_every": 5, **config})
-    for _ in range(steps):
+    guard = Guard(model, opt, folder, risk="off", config={"checkpoint_every": 5})
+    for _ in range(31):
         guard.step(loop.loss(model))
         opt.zero_grad()
     guard.close()
-    return guard
+    assert [p.name for p in guard.ring.paths()] == RING
+    return folder
+
+
+@pytest.fixture
+def folder(pristine, tmp_path):
+    shutil.copytree(pristine, tmp_path, dirs_exist_ok=True)
+    return tmp_path
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
-def test_resume_skips_a_damaged_newest_checkpoint_and_names_it(tmp_path, kind):
-    first = _run(tmp_path)
-    ring = [p.name for p in first.ring.paths()]
-    assert ring == ["guard-000000021.pt", "guard-000000026.pt", "guard-000000031.pt"]
+def test_resume_skips_a_damaged_newest_checkpoint_and_names_it(folder, kind):
+    tmp_path, ring = folder, RING
     newest = tmp_path / ring[-1]
     CORRUPTIONS[kind](newest)
     model, opt = tiny_model(seed=5)
@@ -100,9 +112,9 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_names_it(tmp_path, kind):
     guard.close()
 
 
-def test_a_damaged_checkpoint_asked_for_by_name_is_an_error_naming_it(tmp_path):
-    first = _run(tmp_path)
-    newest = first.ring.paths()[-1]
+def test_a_damaged_checkpoint_asked_for_by_name_is_an_error_naming_it(folder):
+    tmp_path = folder
+    newest = tmp_path / RING[-1]
     _flip(newest)
     model, opt = tiny_model()
     guard = Guard(model, opt, tmp_path, risk="off")
@@ -121,10 +133,10 @@ def test_a_pickle_with_code_is_refused_without_suggesting_weights_only_false(tmp
     assert "weights_only=False" not in text
 
 
-def test_every_checkpoint_damaged_is_one_error_listing_them(tmp_path):
-    first = _run(tmp_path)
-    for path in first.ring.paths():
-        _truncate(path)
+def test_every_checkpoint_damaged_is_one_error_listing_them(folder):
+    tmp_path = folder
+    for name in RING:
+        _truncate(tmp_path / name)
     model, opt = tiny_model()
     guard = Guard(model, opt, tmp_path, risk="off")
     with warnings.catch_warnings():
@@ -135,9 +147,8 @@ def test_every_checkpoint_damaged_is_one_error_listing_them(tmp_path):
     guard.close()
 
 
-def test_the_next_start_removes_temp_files_of_killed_writes_and_orphans(tmp_path):
-    first = _run(tmp_path)
-    names = [p.name for p in first.ring.paths()]
+def test_the_next_start_removes_temp_files_of_killed_writes_and_orphans(folder):
+    tmp_path, names = folder, RING
     dead = 2**22 + 12345  # above the default pid_max: no process has it
     killed = [
         tmp_path / f".guard-000000036.pt.{dead}-ab12cd34.tmp",  # a killed checkpoint write

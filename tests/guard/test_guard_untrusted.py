@@ -88,7 +88,7 @@ def _answer(**fields) -> str:
     return json.dumps({**GOOD, **fields})
 
 
-def _guarded(tmp_path, risk_model, result: str, steps: int = 30):
+def _guarded(tmp_path, risk_model, result: str, steps: int = 20):
     from collapse_guard.service.client import RiskClient
 
     server = FixedAnswers(result)
@@ -127,11 +127,11 @@ def test_a_garbage_200_answer_falls_back_with_one_warning_and_training_goes_on(
     tmp_path, risk_model, result
 ):
     guard, server, said = _guarded(tmp_path, risk_model, result)
-    assert guard.step_index == 30 and server.requests >= 1
+    assert guard.step_index == 20 and server.requests >= 1
     failed = [m for m in said if "risk service failed" in m]
     assert len(failed) == 1, said
     assert guard.risk_source == "embedded" and guard.risk.failures >= 1
-    assert len(read_run(guard.run_path)[0]) == 30  # the run file is written
+    assert len(read_run(guard.run_path)[0]) == 20  # the run file is written
 
 
 def _two_readings(risk_model, server: FixedAnswers) -> tuple[list, list[str], int]:
