@@ -2,7 +2,7 @@
 
     OMP_WAIT_POLICY=passive .venv/bin/python benchmarks/recipe_leads.py \\
         --runs sampler=/root/cg-data/issue20/sampler-adamw \\
-        --runs nanogpt=/root/cg-data/issue20/nanogpt [--markdown]
+        --runs nanogpt=/root/cg-data/issue20/nanogpt [--model SOURCE] [--markdown]
 
 Each set is read against its own healthy runs (``evaluation.family_leads``: a signal's
 multiple of std is raised until at most 5 % of that set's healthy runs depart in their
@@ -16,7 +16,10 @@ latest trigger, the LR at onset over the highest LR before it), their causes and
 kinds; then per signal family, over the collapses that develop (10+ steps after their
 trigger), the share that departed at least MIN_LEAD steps ahead (median lead) and the
 signal that departed first most often, beside the share of the set's healthy runs that
-departed in their last H steps.
+departed in their last H steps. With ``--model`` (``bundled``: the shipped model), the
+model's held risk per set: its highest on healthy runs, its highest in the H steps
+before each collapse, and how many collapses pass the set's own healthy maximum (and
+the stored ``warn``) at least MIN_LEAD steps before onset, and how early.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from predictor_eval import markdown_table
 from real_runs import OUTCOMES, outcome
 
-__all__ = ["lead_rows", "main", "timing_rows"]
+__all__ = ["lead_rows", "main", "risk_rows", "timing_rows"]
 
 
 def _set(spec: str) -> tuple[str, Path]:
@@ -112,6 +115,45 @@ def lead_rows(sets: dict[str, list]) -> list[dict]:
     return [*rows, counts]
 
 
+def risk_rows(sets: dict[str, list], model) -> list[dict]:
+    """One row per measure, one column per set: where the model's held risk goes."""
+    from collapse_guard.predictor.evaluation import MIN_LEAD
+
+    warn = model.thresholds["warn"]
+    columns = {}
+    for label, records in sets.items():
+        healthy, before = [], []  # highest risk of each healthy run; (onset, risk) of collapses
+        for r in records:
+            risk = model.predict_run(r.frame, steps=r.frame["step"])
+            if r.meta.onset_step is None:
+                healthy.append(float(risk.max()))
+            else:
+                before.append((r.meta.onset_step, risk[risk.index < r.meta.onset_step]))
+        ceiling = max(healthy, default=float("nan"))
+        window = [float(p[p.index >= onset - model.horizon].max()) for onset, p in before]
+        column = {
+            "healthy runs: highest risk (quartiles)": _quartiles(healthy, "{:.2f}"),
+            f"collapses: highest risk in the {model.horizon} steps before": _quartiles(
+                window, "{:.2f}"
+            ),
+        }
+        for name, level in (("healthy maximum", ceiling), (f"warn {warn:.2f}", warn)):
+            leads = [_first_lead(onset, p, level) for onset, p in before]
+            early = [lead for lead in leads if lead >= MIN_LEAD]
+            column[f"collapses past the {name} >= {MIN_LEAD} ahead"] = (
+                f"{len(early)}/{len(before)}" + (f", lead {_quartiles(early)}" if early else "")
+            )
+        columns[label] = column
+    measures = list(next(iter(columns.values())))
+    return [{"measure": m, **{label: columns[label][m] for label in columns}} for m in measures]
+
+
+def _first_lead(onset: int, risk, level: float) -> float:
+    """Steps before onset at which the risk first exceeded ``level`` (0: never)."""
+    above = risk.index[risk.to_numpy() > level]
+    return float(onset - above[0]) if len(above) else 0.0
+
+
 def _cell(table, group: str, family: str, *, top: bool) -> str:
     if (group, family) not in table.index or not table.loc[(group, family), "n"]:
         return "—"
@@ -134,6 +176,7 @@ def _print(title: str, rows: list[dict], md: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=_set, action="append", required=True, metavar="LABEL=DIR")
+    parser.add_argument("--model", default=None, help="also the model's risk (bundled: shipped)")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
     args = parser.parse_args(argv)
 
@@ -149,6 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         lead_rows(sets),
         md,
     )
+    if args.model is not None:
+        from collapse_guard.predictor.risk import RiskModel
+
+        model = RiskModel.load(None if args.model == "bundled" else args.model)
+        _print(
+            f"model {model.meta['version']}, held risk (stored warn "
+            f"{model.thresholds['warn']:.3f})",
+            risk_rows(sets, model),
+            md,
+        )
     if args.markdown:
         print("\n" + "\n".join(md))
     return 0
