@@ -59,6 +59,7 @@ def _read(body: bytes, limits: Limits) -> list[pa.RecordBatch]:
         _check_headers(body, limits.max_runs * limits.max_steps)
         reader = pa.ipc.open_stream(pa.BufferReader(body))
         batches = list(reader)
+        names = reader.schema.names  # UnicodeDecodeError (a ValueError): not UTF-8
     except (pa.ArrowException, OSError, ValueError) as error:
         raise BadRequest(
             "body",
@@ -66,7 +67,7 @@ def _read(body: bytes, limits: Limits) -> list[pa.RecordBatch]:
             "an Arrow IPC stream (application/vnd.apache.arrow.stream)",
             _FIX,
         ) from None
-    _check_names(reader.schema.names)
+    _check_names(names)
     for batch in batches:
         _validate(batch)
     return batches

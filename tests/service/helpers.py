@@ -17,8 +17,16 @@ def worker_pids(server) -> set[int]:
     """The pids of a served instance's workers (a restarted worker has a new one)."""
     import psutil
 
-    children = psutil.Process(server.pid).children(recursive=True)
-    return {c.pid for c in children if "_bentoml_impl.worker" in " ".join(c.cmdline())}
+    pids = set()
+    for child in psutil.Process(server.pid).children(recursive=True):
+        try:  # a crashed worker is a zombie until reaped: not a live worker
+            if child.status() != psutil.STATUS_ZOMBIE and "_bentoml_impl.worker" in " ".join(
+                child.cmdline()
+            ):
+                pids.add(child.pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 def window(seed: int, signals, steps: int = 200, start: int = 0, holes: float = 0.05):

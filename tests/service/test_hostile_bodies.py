@@ -174,3 +174,13 @@ def test_compressed_dictionary_and_oversized_batches_are_refused_before_decoding
             decode_runs(body, **SHAPE)
         assert caught.value.field == "arrow stream" and caught.value.got == words
     assert len(decode_runs(stream(batch(**small), batch(**small)), **SHAPE)) == 2
+
+
+def test_a_column_name_that_is_not_utf8_is_a_400():
+    """The fuzz's one 500 after the header checks: a schema whose field name is bytes."""
+    body = bytearray(stream(batch(step=pa.array([0, 1]), loss=pa.array([2.5, 2.4]))))
+    at = body.find(b"loss")
+    body[at : at + 4] = b"\xff\xfe\xfd\xfc"
+    with pytest.raises(BadRequest) as caught:
+        decode_runs(bytes(body), **SHAPE)
+    assert caught.value.field == "body" and "utf-8" in caught.value.got

@@ -65,9 +65,13 @@ def test_byte_mutation_fuzz_no_5xx_no_worker_restart(served, server, default_mod
     else:
         found = _fuzz(served, json_bases(signals), "application/json", seed=23)
     fives = sum(n for s, n in found["statuses"].items() if s >= 500 or s < 0)
-    print(f"\n{kind} fuzz: {CASES} cases, statuses {sorted(found['statuses'].items())}")
+    restarted = len(before - worker_pids(server))
+    print(
+        f"\n{kind} fuzz: {CASES} cases, statuses {sorted(found['statuses'].items())} "
+        f"(-1: connection dropped), workers restarted {restarted}"
+    )
     assert fives == 0, found["failures"][:5]
-    assert worker_pids(server) == before  # no worker crashed and was restarted
+    assert restarted == 0  # no worker crashed and was restarted
     # the mutations reach the parsers, not only the envelope: some still score
     assert found["statuses"].get(200, 0) > 0 and found["statuses"].get(400, 0) > CASES // 4
 
