@@ -408,10 +408,10 @@ class ConfigOnlyBaseline(_Tuned):
             )
         xs, ys = [], []
         for run in train_runs:
-            steps = run.frame["step"].to_numpy()
-            y, usable = collapse_targets(steps, run.meta.onset_step, horizon)
+            frame = run.frame  # read once: a stored run is read from its file
+            y, usable = collapse_targets(frame["step"].to_numpy(), run.meta.onset_step, horizon)
             rows = np.flatnonzero(usable)[:: self.stride]
-            xs.append(self._features(run.frame).iloc[rows])
+            xs.append(self._features(frame).iloc[rows])
             ys.append(np.asarray(y)[rows])
         # few, coarse features: a small model is all they can support
         self.model_ = CollapsePredictor(

@@ -16,10 +16,11 @@ Steps (each its own function in this package, so fleet-scale training can swap o
    never saw; the validation runs when that cannot be done;
 6. evaluate on the test runs, every step, beside the baselines (``evaluation``).
 
-Memory: the runs' frames and one copy of the training rows (``build_training_data``
-writes them in place). Beyond :data:`MAX_TRAIN_ROWS` training rows the row stride grows
-until they fit (``row_stride``; evaluation still scores every step), so 10,000
-synthetic runs train in a few GB instead of 10.4 (benchmarks/README.md).
+Memory: the test runs' frames (the train and validation runs are read from their files
+when used: ``RunRecord.stored``) and one copy of the training rows
+(``build_training_data`` writes them in place). Beyond :data:`MAX_TRAIN_ROWS` training
+rows the row stride grows until they fit (``row_stride``; evaluation still scores every
+step). Measured: benchmarks/README.md.
 
 Progress: with ``progress`` given, a rich bar counts the runs whose feature rows are
 done, and a line says when each longer stage (fit, levels, baselines, evaluation)
@@ -173,7 +174,7 @@ def row_stride(
     """``stride``, or the smallest larger one that keeps the training rows of ``runs``
     (every stride-th step before onset, as ``build_training_data``) within ``max_rows``."""
     # at most ceil(rows / s) training rows per run at stride s (fewer: onset cuts them)
-    lengths = [len(r.frame) for r in runs]
+    lengths = [r.n_rows for r in runs]
     while sum(-(-n // stride) for n in lengths) > max_rows:
         stride += 1
     return stride
@@ -267,10 +268,11 @@ def set_levels(
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
     by_group: dict[tuple[str, str], list[np.ndarray]] = {}
     for run in runs:
+        frame = run.frame  # read once: a stored run is read from its file
         run_scores = scores.get(run.run_id)
         if run_scores is None:
-            run_scores = scorer.score_run(run.frame)
-        steps = run.frame["step"].to_numpy()
+            run_scores = scorer.score_run(frame)
+        steps = frame["step"].to_numpy()
         scored = ScoredRun(run.run_id, run.meta.source, steps, run_scores, run.meta.onset_step)
         (healthy,) = healthy_sequences([scored], model.horizon)
         group = "" if by is None else held_out_group(run.meta, by)
@@ -365,12 +367,15 @@ def train_risk_model(
             before any fit (``training_data.require_trainable_split``).
     """
     t0 = time.perf_counter()
-    # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order
-    runs = sorted(load_runs(run_paths), key=lambda r: r.run_id)
+    # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order;
+    # stored, not held: the train and validation runs are read from their files when used
+    # (twice or so each), and only the test runs, scored by every scorer, are held
+    runs = sorted(load_runs(run_paths, lazy=True), key=lambda r: r.run_id)
     metas = [r.meta for r in runs]
     split = split_runs(metas, seed=seed, fractions=fractions)
     require_trainable_split(metas, split)  # before any fit: what each split lacks
     by_split = _by_split(runs, split)
+    by_split["test"] = [r.held for r in by_split["test"]]
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
     wanted, stride = stride, row_stride(by_split["train"], stride, horizon)
     if stride != wanted:

@@ -46,7 +46,6 @@ __all__ = [
     "TrainingData",
     "as_training_run",
     "build_training_data",
-    "compact_frame",
     "concat_rows",
     "data_fingerprint",
     "find_run_files",
@@ -67,13 +66,46 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the ru
 MODEL_SIGNALS: tuple[str, ...] = tuple(s.name for s in SIGNALS if s.family != "system")
 
 
-@dataclass(frozen=True)
 class RunRecord:
-    """One run in memory: its frame (``step`` + signal columns) and its metadata."""
+    """One run: its frame (``step`` + signal columns) and its metadata.
 
-    frame: pd.DataFrame
-    meta: RunMeta
-    path: Path | None = None
+    ``RunRecord(frame, meta, path)`` holds the frame; :meth:`stored` holds only the
+    metadata and reads the frame from ``path`` at each access (``load_runs(...,
+    lazy=True)``): a training of 10,000 runs then holds their metadata, not 4.4 GB of
+    frames. The frame read is the one ``load_runs`` checked (``as_training_run``: a raw
+    guarded run censored again, the same way).
+    """
+
+    __slots__ = ("_frame", "_rows", "meta", "path")
+
+    def __init__(self, frame: pd.DataFrame | None, meta: RunMeta, path: Path | None = None):
+        if frame is None and path is None:
+            raise ValueError("a RunRecord needs its frame or the path to read it from")
+        self._frame, self.meta, self.path = frame, meta, path
+        self._rows = None if frame is None else len(frame)
+
+    @classmethod
+    def stored(cls, meta: RunMeta, path: Path, rows: int) -> RunRecord:
+        """A record whose frame (``rows`` rows) is read from ``path`` when asked for."""
+        record = cls(None, meta, Path(path))
+        record._rows = int(rows)
+        return record
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        if self._frame is not None:
+            return self._frame
+        return as_training_run(*read_run(self.path))[0]
+
+    @property
+    def held(self) -> RunRecord:
+        """The same run with its frame in memory (itself when it holds it already)."""
+        return self if self._frame is not None else RunRecord(self.frame, self.meta, self.path)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of the frame, without reading it."""
+        return self._rows
 
     @property
     def run_id(self) -> str:
@@ -82,6 +114,10 @@ class RunRecord:
     @property
     def collapsed(self) -> bool:
         return self.meta.onset_step is not None
+
+    def __repr__(self) -> str:
+        where = "held" if self._frame is not None else f"read from {self.path}"
+        return f"RunRecord({self.run_id!r}, {self.n_rows} rows, {where})"
 
 
 def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
@@ -123,29 +159,11 @@ def as_training_run(frame: pd.DataFrame, meta: RunMeta) -> tuple[pd.DataFrame, R
     return kept, labelled
 
 
-def compact_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The same frame, with each float column that is mostly NaN held sparse (its measured
-    values only): a run read every 50 steps for its attention signals, and never for its
-    GPU telemetry or sharpness, is half NaN. Lossless: every reader takes the values out
-    as float64 (``to_numpy``), and the features of the compact frame are those of the
-    frame to the bit (``tests/predictor/test_training_data.py``). Synthetic runs take
-    43% less memory, the largest part of a training's at 10,000 runs.
-    """
-    names = [name for name, dtype in frame.dtypes.items() if dtype == np.float64]
-    values = frame[names].to_numpy()  # one pass over the float columns, not one per column
-    mostly_nan = np.isnan(values).sum(axis=0) * 2 > len(frame)
-    if not mostly_nan.any():
-        return frame
-    columns = {name: frame[name] for name in frame.columns}
-    for j in np.flatnonzero(mostly_nan):
-        columns[names[j]] = pd.arrays.SparseArray(values[:, j], fill_value=np.nan)
-    return pd.DataFrame(columns, copy=False)
-
-
-def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
+def load_runs(paths: Iterable[str | Path], *, lazy: bool = False) -> list[RunRecord]:
     """Read run files; duplicate run ids are an error (they would defeat the split).
 
-    Frames are held compact (:func:`compact_frame`): a training holds every run read."""
+    ``lazy``: each file is read and checked here, then only its metadata is kept
+    (``RunRecord.stored``: the frame is read again at each access)."""
     records: list[RunRecord] = []
     seen: dict[str, Path] = {}
     for path in paths:
@@ -158,7 +176,9 @@ def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
                 "Fix: drop the duplicate file or give it its own run_id"
             )
         seen[meta.run_id] = path
-        records.append(RunRecord(compact_frame(frame), meta, path))
+        records.append(
+            RunRecord.stored(meta, path, len(frame)) if lazy else RunRecord(frame, meta, path)
+        )
     return records
 
 
@@ -170,7 +190,7 @@ def data_fingerprint(runs: Iterable[RunRecord]) -> str:
     labelled runs; a relabelled or regrown run changes it.
     """
     keys = sorted(
-        f"{r.run_id}|{r.meta.source}|{r.meta.onset_step}|{r.meta.label_version}|{len(r.frame)}"
+        f"{r.run_id}|{r.meta.source}|{r.meta.onset_step}|{r.meta.label_version}|{r.n_rows}"
         for r in runs
     )
     return hashlib.sha256("\n".join(keys).encode("utf-8")).hexdigest()[:16]
@@ -340,12 +360,14 @@ class _RowBuffer:
         self.at += len(ends)
 
     def rows(self) -> TrainingData:
+        """The rows written so far (views: the unused tail stays allocated)."""
+        n = self.at
         return TrainingData(
-            X=pd.DataFrame(self.X, columns=self.names, copy=False),
-            y=self.y,
-            groups=self.groups,
-            source=self.source,
-            steps=self.steps,
+            X=pd.DataFrame(self.X[:n], columns=self.names, copy=False),
+            y=self.y[:n],
+            groups=self.groups[:n],
+            source=self.source[:n],
+            steps=self.steps[:n],
         )
 
 
@@ -391,21 +413,23 @@ def build_training_data(
     rows on Dask workers (``run_rows`` per run, ``concat_rows`` in run order).
     ``progress`` is called once per run whose rows are done (a progress bar's advance).
 
-    Memory: the rows are written straight into one array sized first, so the rows of
-    the whole set exist once (a list of per-run frames concatenated held them twice:
-    at 10,000 synthetic runs, 3.3 GB more at the peak); each run's features exist only
-    while they are copied in.
+    Memory: the rows are written straight into one array, so the rows of the whole set
+    exist once (a list of per-run frames concatenated held them twice: at 10,000
+    synthetic runs, 3.3 GB more at the peak); each run's frame and features exist only
+    while its rows are written. The array is sized from the runs' lengths
+    (``RunRecord.n_rows``: every stride-th row), an upper bound, so that a run stored
+    on disk is read once; the rows after onset are the unused part.
     """
     if stride < 1:
         raise ValueError(f"stride must be >= 1 step; got {stride}")
-    steps = [_row_steps(r.frame, r.meta, stride=stride, horizon=horizon) for r in runs]
-    total = sum(s.size for s in steps)
-    if not total:
-        concat_rows([], len(runs))  # the error that says why there are none
-    out = _RowBuffer(total, extractor.schema.names)
-    for run, ends in zip(runs, steps, strict=True):
+    out = _RowBuffer(sum(-(-r.n_rows // stride) for r in runs), extractor.schema.names)
+    for run in runs:
+        frame = run.frame
+        ends = _row_steps(frame, run.meta, stride=stride, horizon=horizon)
         if ends.size:
-            out.add(run, run.frame, extractor, ends, horizon)
+            out.add(run, frame, extractor, ends, horizon)
         if progress is not None:
             progress()
+    if not out.at:
+        concat_rows([], len(runs))  # the error that says why there are none
     return out.rows()

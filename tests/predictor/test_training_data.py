@@ -139,24 +139,25 @@ def test_a_raw_guarded_run_is_censored_when_loaded(tmp_path):
     assert len(load_runs([plain])[0].frame) == 1500  # only guarded runs are censored
 
 
-def test_loaded_frames_are_compact_and_give_the_features_of_the_file_to_the_bit(synthetic_paths):
-    # a training holds every run's frame: the mostly-NaN columns (attention read every 50
-    # steps, telemetry never) are held sparse, and no reader can tell
+def test_a_stored_run_holds_no_frame_and_reads_the_one_load_checked(tmp_path, synthetic_paths):
+    # a training of 10,000 runs held 4.4 GB of frames: stored records hold their metadata
     from collapse_guard.datasets.runfile import read_run
 
-    (record,) = load_runs(synthetic_paths[:1])
-    frame, _ = read_run(synthetic_paths[0])
-    compact = record.frame
-    sparse = [c for c in compact.columns if isinstance(compact[c].dtype, pd.SparseDtype)]
-    assert "attn_kl" in sparse and "loss" not in sparse and "lr" not in sparse
-    assert compact.memory_usage(deep=True).sum() < 0.75 * frame.memory_usage(deep=True).sum()
-    fx = FeatureExtractor()
-    full, held = fx.transform_run(frame, stride=7), fx.transform_run(compact, stride=7)
-    assert np.array_equal(full.to_numpy(), held.to_numpy(), equal_nan=True)
-    for name in frame.columns.drop("event"):
-        assert np.array_equal(
-            frame[name].to_numpy(dtype=float), compact[name].to_numpy(dtype=float), equal_nan=True
-        )
+    (held,) = load_runs(synthetic_paths[:1])
+    (stored,) = load_runs(synthetic_paths[:1], lazy=True)
+    assert stored._frame is None and stored.n_rows == held.n_rows == len(held.frame)
+    pd.testing.assert_frame_equal(stored.frame, held.frame)
+    assert stored.held._frame is not None and held.held is held
+    assert data_fingerprint([stored]) == data_fingerprint([held])
+    fx = FeatureExtractor(window=50)
+    pd.testing.assert_frame_equal(
+        build_training_data([stored], fx).X, build_training_data([held], fx).X
+    )
+    # a raw guarded run: censored at each read as at load
+    frame, _ = read_run(synthetic_paths[1])
+    guarded = write_run(tmp_path / "g.parquet", frame, RunMeta(run_id="g", source="guarded"))
+    (raw,) = load_runs([guarded], lazy=True)
+    assert raw.meta.label_version is not None and len(raw.frame) == raw.n_rows
 
 
 def test_training_rows_are_held_once_not_twice_while_built(run_records):
@@ -173,7 +174,9 @@ def test_training_rows_are_held_once_not_twice_while_built(run_records):
     finally:
         tracemalloc.stop()
     rows = data.X.to_numpy().nbytes
-    assert rows > 5e6 and peak < 1.35 * rows, (peak, rows)
+    # the array is sized for every stride-th row (an upper bound: rows after onset drop)
+    capacity = sum(-(-r.n_rows // 5) for r in runs) * data.X.shape[1] * 8
+    assert rows > 5e6 and capacity < 1.3 * rows and peak < 1.2 * capacity, (peak, rows)
     # the rows the run-by-run path (Dask's workers) gives, in the same order
     from collapse_guard.predictor.training_data import concat_rows, run_rows
 
