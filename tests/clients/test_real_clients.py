@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import mlflow
 import pytest
 from lifecycle_models import never_warning_champion, served
 from lifecycle_settings import TRAINING
@@ -13,7 +14,8 @@ from real_clients import STEPS
 
 from collapse_guard.datasets.runfile import read_run
 from collapse_guard.predictor import registry
-from collapse_guard.predictor.retrain import retrain
+from collapse_guard.predictor.levels import LEVELS
+from collapse_guard.predictor.retrain import STATE_TAG, retrain
 from collapse_guard.predictor.risk import RiskModel
 from collapse_guard.predictor.seen_runs import SeenRuns
 from collapse_guard.service import RiskClient
@@ -60,6 +62,8 @@ def test_retrain_ingests_every_client_run_into_the_served_champion(
     # the verdict is recorded; seeded, measured: the challenger is promoted over v1
     assert result.version == "2" and result.previous_champion == "1"
     assert result.promoted and result.champion == registry.champion_version() == "2"
+    tags = mlflow.MlflowClient().get_run(result.mlflow_run_id).data.tags
+    assert tags["promotion"] == "promoted" and tags[STATE_TAG] == "done"
     # the challenger learnt from them: 60 base runs + 3 new - 12 frozen for the benchmark
     assert result.training_runs == 51 and len(result.benchmark.run_ids) == 12
     seen = SeenRuns.from_meta(RiskModel.load("models:/collapse-predictor/2").meta)
@@ -67,7 +71,9 @@ def test_retrain_ingests_every_client_run_into_the_served_champion(
     with served(tmp_path, "--model", "models:/collapse-predictor@champion") as url:
         with RiskClient(url, timeout=30.0) as client:
             for run in client_runs.values():
-                frame, _ = read_run(run.path)
-                answer = client.risk(frame.drop(columns="event").iloc[-200:])
-                assert answer.model_version == "2"
-                assert 0.0 <= answer.probability <= 1.0
+                frame = read_run(run.path)[0].drop(columns="event")
+                for window in (frame.iloc[:200], frame.iloc[-200:]):  # from lr = 0, and late
+                    answer = client.risk(window)
+                    assert answer.model_version == "2" and answer.step == window["step"].max()
+                    assert 0.0 <= answer.probability <= 1.0 and answer.level in ("ok", *LEVELS)
+                    assert answer.reason is None  # every loss finite: nothing collapsing now
