@@ -71,7 +71,7 @@ def _chain(folder: Path) -> list[tuple[str, int, list[int]]]:
     return chain[::-1]
 
 
-@pytest.mark.slow  # 6 interpreters importing torch: ~60 s on the loaded 2-core machine
+@pytest.mark.slow  # 6 interpreters importing torch: 55-110 s on the loaded 2-core machine
 def test_sigkill_at_random_moments_loses_nothing_before_the_durable_point(tmp_path):
     rng = random.Random(22)
     lives = []
