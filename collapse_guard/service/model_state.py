@@ -197,7 +197,9 @@ def _load_checked(source: str) -> tuple[Any, bool]:
         return model, bool(stamp)
     folder = DEFAULT_MODEL_DIR if source == DEFAULT_SOURCE else Path(source)
     with staged_model(folder) as copy:
-        return _named_as(str(folder), copy, RiskModel.load_folder), False
+        model = _named_as(str(folder), copy, RiskModel.load_folder)
+    model.meta["source"] = str(folder)  # where it came from, not the private copy
+    return model, False
 
 
 def _named_as(name: str, folder: Path, load: Callable[[Path], Any]) -> Any:

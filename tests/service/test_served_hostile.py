@@ -173,6 +173,7 @@ def test_fewer_trees_under_the_same_label_is_served_under_another_version(
         assert answer.reloaded and answer.previous_version == label
         assert answer.model.version.startswith(label + "+") and answer.model.version != label
         assert answer.model.source == ".../fewer-trees"  # its name, not its server path
+        assert answer.model.meta["source"] == ".../fewer-trees"  # not the checked copy
         frame = window(4, default_model.schema.signals)
         assert client.risk(frame).model_version == answer.model.version
     finally:
