@@ -78,6 +78,10 @@ class ReloadChannel:
         os.replace(tmp, self.path)
         return generation
 
+    def remove(self) -> None:
+        """Delete the file (the server is stopping: nothing is left in the temp folder)."""
+        self.path.unlink(missing_ok=True)
+
 
 def registry_version(source: str) -> str | None:
     """The registry version a ``models:/name@alias`` source points at now (None: not one)."""

@@ -190,6 +190,9 @@ class RiskService:
     @bentoml.on_shutdown
     def shutdown(self) -> None:
         self.follower.stop()
+        # a worker stops cleanly only when its server stops (a crashed one, restarted by
+        # BentoML, never gets here): no live worker needs the file after this
+        self.channel.remove()
 
     # ------------------------------------------------- what the routes call
     async def risk(self, request: Request) -> Response:

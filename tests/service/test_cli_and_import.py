@@ -61,6 +61,16 @@ def test_serving_leaves_no_folder_in_the_temp_directory():
     assert serve_environment("default", 2, 0.0)["COLLAPSE_GUARD_RELOAD_FILE"] != str(reload_file)
 
 
+def test_the_reload_file_goes_when_the_server_stops(tmp_path):
+    from collapse_guard.service.reload_channel import ReloadChannel
+
+    channel = ReloadChannel(tmp_path / "reload.json")
+    assert channel.publish("default") == 1 and channel.read() == (1, "default")
+    channel.remove()  # what each worker's shutdown does
+    channel.remove()  # the second worker's: already gone
+    assert channel.read() is None and list(tmp_path.iterdir()) == []
+
+
 def test_serve_is_listed_in_help():
     done = subprocess.run([COMMAND, "--help"], capture_output=True, text=True, timeout=60)
     assert " serve " in done.stdout
