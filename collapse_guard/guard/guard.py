@@ -56,8 +56,9 @@ from collapse_guard.guard import ddp
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, save_atomic
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.forensics import GradientHistory
-from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.policy import LEVELS, GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
+from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
 from collapse_guard.guard.risk_source import ReadingHold, make_risk_source
 from collapse_guard.probe import Probe, ProbeConfig
@@ -94,6 +95,9 @@ class Guard:
         run_id: the run file's id (default: a fresh uuid); ``record=False``: no run file.
         token, timeout: for a service URL.
         preflight: warn where the set-up is outside the seed's safe ranges.
+        qk_layouts: where the q and k heads of attention modules the guard cannot read
+            are (``GuardPolicy.qk_clip``): module name -> ``QKLayout``, or a callable
+            ``(name, module) -> QKLayout | None``.
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class Guard:
         token: str | None = None,
         timeout: float = 2.0,
         preflight: bool = True,
+        qk_layouts: QKMapping = None,
     ) -> None:
         if isinstance(config, Mapping):
             config = GuardPolicy.from_dict(config)
@@ -127,6 +132,13 @@ class Guard:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.probe = Probe(model, optimizer, probe_config, scaler=scaler)
         self._attention_every = probe_config.attention_every
+        on = self.policy.qk_clip != "off"
+        self.qk = QKClip(model, self.policy.qk_clip_tau, qk_layouts) if on else None
+        # rank 0's plan from the last probe pass, applied after the next update on every
+        # rank (it travels with that step's decision): Kimi K2's order, logits measured
+        # before an update clip the weights after it
+        self.qk_pending: QKPlan = {}
+        self.qk_clips = 0  # heads clipped, summed over the run
         self.folder = Path(checkpoint_dir)
         self.rank = ddp.rank()
         self.ring = CheckpointRing(self.folder, self.policy.keep_checkpoints)
@@ -239,6 +251,8 @@ class Guard:
     def state_dict(self) -> dict[str, Any]:
         """The guard's own state (plain values: loads with ``weights_only=True``)."""
         run = {key: getattr(self, key) for key in self._RUN_KEYS}
+        run["qk_clips"] = self.qk_clips
+        run["qk_pending"] = {name: [list(q), list(k)] for name, (q, k) in self.qk_pending.items()}
         run["events"] = [list(e) for e in self.events]
         run["loop_lrs"] = list(self.loop_lrs)
         run["run_id"] = self.run_id  # the run file a resumed run continues
@@ -254,6 +268,10 @@ class Guard:
             )
         for key in self._RUN_KEYS:
             setattr(self, key, state["run"][key])
+        # absent in checkpoints saved before QK-clip
+        self.qk_clips = int(state["run"].get("qk_clips", 0))
+        pending = state["run"].get("qk_pending", {})
+        self.qk_pending = {n: ([*map(float, q)], [*map(float, k)]) for n, (q, k) in pending.items()}
         self.layer_bounds = dict(self.layer_bounds)
         self.events = [(int(s), str(e)) for s, e in state["run"]["events"]]
         self.loop_lrs.clear()
@@ -354,10 +372,12 @@ class Guard:
             stale = "zero_gradients"  # zero_grad() without a backward, or a loss of no parameter
         if stale:
             self._warn_stale(stale)
-        decision = ddp.share(
-            self._decide(s, loss_value, grad_norm, norms, stale) if self.rank == 0 else None
+        decision, qk_plan = ddp.share(
+            (self._decide(s, loss_value, grad_norm, norms, stale), self.qk_pending)
+            if self.rank == 0
+            else None
         )
-        self._apply(decision, grad_norm, norms)
+        self._apply(decision, grad_norm, norms, qk_plan)
         self._grad_marks = [
             (weakref.ref(p.grad), p.grad._version) if p.grad is not None else (None, 0)
             for p in self.params
@@ -538,8 +558,11 @@ class Guard:
         return bool(sum(v.item() for v in found.values()))  # sync only under AMP
 
     # ----------------------------------------------------------------- apply
-    def _apply(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
-        """Execute ``decision``: the only place where the guard changes training."""
+    def _apply(
+        self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor, qk_plan: QKPlan
+    ) -> None:
+        """Execute ``decision`` (and rank 0's QK-clip plan): the only place where the guard
+        changes training."""
         s = self.step_index
         if decision.give_up:
             self._log(s, decision.events)
@@ -569,7 +592,9 @@ class Guard:
                 self.optimizer.step()
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.update()
+        clipped = self.qk.apply(qk_plan) if self.qk and qk_plan and not decision.rescue else []
         record = self.probe.after_step()  # `lr` is the LR in force, multiplier included
+        self.qk_pending = self._qk_plan(decision)
         if saved is not None:
             for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
@@ -579,7 +604,8 @@ class Guard:
         # the step's norms join the history now: the decision and the clipping judged them
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
-        events = list(decision.events)
+        events = [*decision.events, *clipped]
+        self.qk_clips += len(clipped)
         self._count(decision, record)
         if decision.rescue:
             events += self._rescue(decision, norms)
@@ -591,6 +617,17 @@ class Guard:
             self._checkpoint()
         if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and self.window:
             self.risk.submit(s, self._window_frame(), self.context.get())
+
+    def _qk_plan(self, decision: GuardDecision) -> QKPlan:
+        """Rank 0's QK-clip plan from this step's probe pass ({} without one, after a
+        rescue, whose rollback replaces the weights the pass read, or below the mode's
+        level)."""
+        probe_pass = self.probe.last_pass
+        if self.qk is None or self.rank != 0 or probe_pass is None or decision.rescue:
+            return {}
+        if self.policy.qk_clip == "watch" and LEVELS.index(decision.level) < 1:
+            return {}
+        return self.qk.plan(probe_pass.attention)
 
     def _clip(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
         bounds = dict(self.layer_bounds)
@@ -733,6 +770,7 @@ class Guard:
             "first_warning": self.first_warning,
             "lr_ceiling": self.lr_ceiling,
             "risk_source": self.risk_source,
+            "qk_clips": self.qk_clips,
         }
 
     @property

@@ -14,9 +14,10 @@ from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
 
-__all__ = ["LEVELS", "GuardPolicy"]
+__all__ = ["LEVELS", "QK_CLIP_MODES", "GuardPolicy"]
 
 LEVELS: tuple[str, ...] = ("ok", "watch", "warn", "critical")
+QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch")
 
 
 @dataclass
@@ -101,8 +102,20 @@ class GuardPolicy:
     healthy_quiet_steps: int = 10  # a checkpoint is healthy only after this many steps
     # without a skip, an open loss excursion or a critical level
 
+    # --- QK-clip (qk_clip.py: per-head W_q, W_k scaled after the update) ---
+    qk_clip: str = "off"  # "always": at every probe pass, heads over qk_clip_tau (Kimi
+    # K2's rule); "watch": the same, only at level watch or above; "off"
+    qk_clip_tau: float = 100.0  # largest pre-softmax logit a head may keep (Kimi K2 and
+    # Megatron-Core's default: 100)
+
     def __post_init__(self) -> None:
+        if self.qk_clip not in QK_CLIP_MODES:
+            raise ValueError(
+                f"GuardPolicy.qk_clip must be one of {QK_CLIP_MODES}, got {self.qk_clip!r}"
+            )
         for f in fields(self):
+            if f.name == "qk_clip":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"GuardPolicy.{f.name} must be a number, got {value!r}")
@@ -113,6 +126,8 @@ class GuardPolicy:
                 raise ValueError(
                     f"GuardPolicy.{name} is an LR multiplier in (0, 1], got {getattr(self, name)!r}"
                 )
+        if self.qk_clip_tau == 0:
+            raise ValueError("GuardPolicy.qk_clip_tau must be > 0 (a logit bound), got 0")
         if self.lr_jump_ratio <= 1:
             raise ValueError(f"GuardPolicy.lr_jump_ratio must be > 1, got {self.lr_jump_ratio!r}")
         if self.keep_checkpoints < 1 or self.risk_every < 1:

@@ -71,14 +71,19 @@ class AttentionCapture:
 
     ``probs`` is (batch, heads, queries, keys), float32, rows summing to 1 (fully
     masked rows are all 0). ``logit_max`` is the largest unmasked pre-softmax logit
-    (scale and additive mask included), ``outputs`` the per-head outputs
-    (batch, heads, queries, head_dim). A user ``attention_fn`` may return bare
-    probability tensors; the missing fields then give NaN for their signals.
+    (scale and additive mask included), ``head_logit_max`` the same per head (heads,),
+    ``outputs`` the per-head outputs (batch, heads, queries, head_dim). ``modules``
+    names the modules whose forward was running at the call, outermost first (the last
+    is the one that called attention: QK-clip finds the head's parameters from it). A
+    user ``attention_fn`` may return bare probability tensors; the missing fields then
+    give NaN for their signals.
     """
 
     probs: torch.Tensor
     logit_max: torch.Tensor | None = None
     outputs: torch.Tensor | None = None
+    head_logit_max: torch.Tensor | None = None
+    modules: tuple[str, ...] = ()
 
 
 @dataclass
@@ -201,25 +206,29 @@ def _explicit_attention(
     heads = probs.size(-3) if probs.dim() >= 3 else 1
     shape = (-1, heads, n_query)
     outputs = probs @ v
+    head_max = finite.reshape(-1, heads, n_query * n_key).amax(dim=(0, 2))
     return AttentionCapture(
         probs=probs.reshape(*shape, n_key),
-        logit_max=finite.amax(),
+        logit_max=head_max.amax(),
         outputs=outputs.reshape(*shape, outputs.size(-1)),
+        head_logit_max=head_max,
     )
 
 
-def _sdpa_capturing(original: Callable, sink: list[AttentionCapture | None]) -> Callable:
+def _sdpa_capturing(
+    original: Callable, sink: list[AttentionCapture | None], running: list[str]
+) -> Callable:
     def scaled_dot_product_attention(
         query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw
     ):
         # the model gets exactly what the real function returns
         out = original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kw)
         try:
-            sink.append(
-                _explicit_attention(
-                    query, key, value, attn_mask, is_causal, scale, kw.get("enable_gqa", False)
-                )
+            capture = _explicit_attention(
+                query, key, value, attn_mask, is_causal, scale, kw.get("enable_gqa", False)
             )
+            capture.modules = tuple(running)
+            sink.append(capture)
         except Exception:  # an input layout we cannot follow: NaN, never a training error
             sink.append(None)
         return out
@@ -256,16 +265,34 @@ def _mha_hooks(module: nn.MultiheadAttention, sink: list) -> list:
     ]
 
 
+def _running_hooks(model: nn.Module, running: list[str]) -> list:
+    """Keep ``running`` = the names of the modules inside whose forward we are."""
+
+    def leave(module: nn.Module, args: tuple, output: Any) -> None:
+        running.pop()  # a hook's return value would replace the module's output
+
+    handles = []
+    for name, module in model.named_modules():
+
+        def enter(module: nn.Module, args: tuple, name: str = name) -> None:
+            running.append(name)
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return handles
+
+
 @contextlib.contextmanager
 def capture_attention(model: nn.Module) -> Iterator[list[AttentionCapture | None]]:
     """Within the block, every SDPA call (and every ``nn.MultiheadAttention``) is recorded."""
     sink: list[AttentionCapture | None] = []
+    running: list[str] = []
     original = F.scaled_dot_product_attention
-    handles = []
+    handles = _running_hooks(model, running)
     for module in model.modules():
         if isinstance(module, nn.MultiheadAttention):
             handles += _mha_hooks(module, sink)
-    F.scaled_dot_product_attention = _sdpa_capturing(original, sink)
+    F.scaled_dot_product_attention = _sdpa_capturing(original, sink, running)
     try:
         yield sink
     finally:

@@ -136,6 +136,7 @@ class Probe:
         self._loss: torch.Tensor | float | None = None
         self._writer: Any = None
         self._warned_attention = False
+        self.last_pass: ProbePass | None = None  # this step's probe pass (the guard's QK-clip)
 
     def _module(self, spec: nn.Module | str | None, what: str) -> nn.Module | None:
         if spec is None or isinstance(spec, nn.Module):
@@ -196,11 +197,12 @@ class Probe:
         lr = self.optimizer.param_groups[0]["lr"]
         # a tensor lr (capturable optimizers) costs a sync here; plain floats do not
         lr = float(lr)
-        probe_pass = None
+        probe_pass = self.last_pass = None
         if any(isinstance(f, (AttentionFamily, PredictionFamily)) for f in due):
             probe_pass = run_probe_pass(self.model, self.probe_batch, self._tap, self.attention_fn)
             if probe_pass.unreached and any(isinstance(f, AttentionFamily) for f in due):
                 self._warn_unreached(probe_pass.unreached)
+            self.last_pass = probe_pass
         state = self._state(
             Event.AFTER_STEP,
             logit_max=self._tap.take() if self._tap else None,

@@ -1,0 +1,266 @@
+"""Per-head QK-clip: scale a head's W_q and W_k down after the update when its largest
+pre-softmax logit passed tau (Kimi K2's MuonClip, arXiv 2507.20534; Megatron-Core's
+``optimizer/qk_clip.py``).
+
+For head h with S_h = its largest logit over the probe batch, S_h > tau: the rows of W_q
+(and of the q bias) that make head h are multiplied by sqrt(tau / S_h), and those of
+W_k by the same, so q . k, and the logit, shrinks by tau / S_h. A weight edit after
+the update: the model's forward and backward stay the user's own. S_h is floored at
+tau before the square root (Megatron-LM PR #7382: a head whose logits were all <= 0
+gave the square root of a negative number, NaN weights): every head at or under tau,
+negative, -inf (all keys masked) or NaN, gets a factor of exactly 1, and tau > 0 keeps
+the floor positive.
+
+Grouped-query heads (one k head shared by G q heads): the k head is scaled by
+sqrt(tau / S_max) of its most-exceeding q head, and each q head over tau by its own
+sqrt(tau / S_h). Every logit of the group then ends at or under tau (head h at
+tau * sqrt(S_h / S_max)), the most-exceeding one exactly at tau, and no weight is ever
+scaled up. Megatron scales every q head of the group by the group's factor, which
+shrinks the heads that did not exceed tau more than needed; making each exceeding head
+land exactly on tau instead would scale some q heads *up* (when S_max >> S_h).
+
+Where a head's parameters are, per layout (:func:`find_layout`): separate ``q_proj`` /
+``k_proj`` (transformers' Llama, Qwen2, Mistral), a fused ``qkv`` / ``c_attn`` whose
+rows are [q; k; v] (nanoGPT, this project's ``SelfAttention``),
+``nn.MultiheadAttention``'s ``in_proj_weight`` (or its separate ``q_proj_weight`` /
+``k_proj_weight``), or the user's mapping (:class:`QKLayout` per module name, as a
+dict or a callable). The head counts come from the captured call, never from a guess
+at config attributes; anything else, and a module with qk-norm (the norm undoes any
+scale of W_q), is not clipped and named once in a warning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from collapse_guard.probe.capture import AttentionCapture
+
+__all__ = [
+    "QKClip",
+    "QKLayout",
+    "QKMapping",
+    "QKPlan",
+    "find_layout",
+    "head_factors",
+    "head_maxima",
+]
+
+_FUSED = ("qkv", "c_attn")
+_QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
+
+# module name -> (per-q-head factor, per-k-head factor): plain floats, so a plan goes
+# through broadcast_object_list and into a weights_only checkpoint as it is
+QKPlan = dict[str, tuple[list[float], list[float]]]
+
+
+@dataclass(frozen=True)
+class QKLayout:
+    """Where one attention module's heads are: q head h is rows ``q_start + h * head_dim``
+    to ``q_start + (h + 1) * head_dim`` of ``q_weight`` (and of ``q_bias``, if any);
+    k head g likewise in ``k_weight``. q head h reads k head ``h // (n_heads //
+    n_kv_heads)`` (transformers' ``repeat_kv``, SDPA's ``enable_gqa``)."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    q_start: int = 0
+    k_start: int = 0
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"QKLayout: n_heads={self.n_heads} must be a multiple of "
+                f"n_kv_heads={self.n_kv_heads} (each k head serves the same number of q heads)"
+            )
+        for name, weight, start, heads in (
+            ("q", self.q_weight, self.q_start, self.n_heads),
+            ("k", self.k_weight, self.k_start, self.n_kv_heads),
+        ):
+            end = start + heads * self.head_dim
+            if end > weight.size(0):
+                raise ValueError(
+                    f"QKLayout: {name} heads need rows {start}..{end} of a {name}_weight "
+                    f"with {weight.size(0)} rows; check head_dim ({self.head_dim}) and "
+                    f"{name}_start ({start})"
+                )
+
+
+QKMapping = Mapping[str, QKLayout] | Callable[[str, nn.Module], QKLayout | None] | None
+
+
+def head_maxima(captures: Sequence[AttentionCapture]) -> dict[str, torch.Tensor]:
+    """Per calling module (the innermost running one), each q head's largest logit over
+    every call it made (a module called twice, e.g. shared weights, keeps the larger)."""
+    maxima: dict[str, torch.Tensor] = {}
+    for capture in captures:
+        if capture.head_logit_max is None or not capture.modules:
+            continue
+        name, value = capture.modules[-1], capture.head_logit_max.detach().float().cpu()
+        before = maxima.get(name)
+        same = before is not None and before.shape == value.shape
+        maxima[name] = torch.maximum(before, value) if same else value
+    return maxima
+
+
+def head_factors(
+    head_max: torch.Tensor, n_kv_heads: int, tau: float
+) -> tuple[list[float], list[float]] | None:
+    """(q factors per q head, k factors per k head), or None when no head exceeds tau."""
+    floored = torch.nan_to_num(head_max.double(), nan=-math.inf).clamp_min(tau)
+    if not bool((floored > tau).any()):
+        return None
+    own = torch.sqrt(tau / floored)  # exactly 1 for the heads at or under tau
+    group = own.reshape(n_kv_heads, -1).amin(dim=1)  # the group's most-exceeding head
+    return own.tolist(), group.tolist()
+
+
+def _linear(module: nn.Module, name: str) -> nn.Linear | None:
+    child = getattr(module, name, None)
+    return child if isinstance(child, nn.Linear) else None
+
+
+def _split(rows: int, heads: int) -> int | None:
+    return rows // heads if heads > 0 and rows % heads == 0 else None
+
+
+def _mha_layout(module: nn.MultiheadAttention, n_heads: int) -> QKLayout:
+    e, d = module.embed_dim, module.head_dim
+    bias = module.in_proj_bias.detach() if module.in_proj_bias is not None else None
+    if module.in_proj_weight is not None:  # one [q; k; v] matrix, and its bias
+        w = module.in_proj_weight
+        return QKLayout(w, w, n_heads, n_heads, d, k_start=e, q_bias=bias, k_bias=bias)
+    # kdim != embed_dim: the weights apart, the bias still one [q; k; v]
+    k_bias = bias[e:] if bias is not None else None
+    q, k = module.q_proj_weight, module.k_proj_weight
+    return QKLayout(q, k, n_heads, n_heads, d, q_bias=bias, k_bias=k_bias)
+
+
+def find_layout(module: nn.Module, n_heads: int) -> QKLayout | str:
+    """The layout of a module whose attention call had ``n_heads`` q heads, or why not."""
+    norms = [n for n in _QK_NORMS if not isinstance(getattr(module, n, nn.Identity()), nn.Identity)]
+    if norms:
+        return f"qk-norm ({', '.join(norms)}) undoes any scale of W_q and W_k"
+    if isinstance(module, nn.MultiheadAttention):
+        return _mha_layout(module, n_heads)
+    q, k = _linear(module, "q_proj"), _linear(module, "k_proj")
+    if q is not None and k is not None:
+        head_dim = _split(q.out_features, n_heads)
+        n_kv = _split(k.out_features, head_dim) if head_dim else None
+        if head_dim and n_kv and n_heads % n_kv == 0:
+            return QKLayout(
+                q.weight, k.weight, n_heads, n_kv, head_dim, q_bias=q.bias, k_bias=k.bias
+            )
+        rows = f"({q.out_features}, {k.out_features})"
+        return f"q_proj/k_proj rows {rows} do not split into {n_heads} heads"
+    for name in _FUSED:
+        fused = _linear(module, name)
+        if fused is not None:
+            width = fused.out_features // 3
+            head_dim = _split(width, n_heads) if fused.out_features % 3 == 0 else None
+            if head_dim is None:
+                return f"{name} has {fused.out_features} rows: not [q; k; v] of {n_heads} heads"
+            w, b = fused.weight, fused.bias
+            return QKLayout(w, w, n_heads, n_heads, head_dim, k_start=width, q_bias=b, k_bias=b)
+    return "no q_proj/k_proj, qkv, c_attn or in_proj_weight"
+
+
+def _scale_rows(
+    tensor: torch.Tensor | None, start: int, head_dim: int, factors: list[float]
+) -> None:
+    if tensor is None:
+        return
+    for head, factor in enumerate(factors):
+        if factor < 1.0:
+            rows = slice(start + head * head_dim, start + (head + 1) * head_dim)
+            tensor.data[rows].mul_(factor)
+
+
+class QKClip:
+    """Plans (rank 0, from a probe pass) and applies (every rank) per-head QK-clips."""
+
+    def __init__(self, model: nn.Module, tau: float, mapping: QKMapping = None) -> None:
+        if mapping is not None and not (callable(mapping) or isinstance(mapping, Mapping)):
+            raise TypeError(
+                f"qk_layouts must be a dict of module name -> QKLayout or a callable "
+                f"(name, module) -> QKLayout | None, got {type(mapping).__name__}"
+            )
+        self.model, self.tau, self.mapping = model, float(tau), mapping
+        self._modules = dict(model.named_modules())
+        self._layouts: dict[str, QKLayout | None] = {}
+        self._warned = False
+
+    def _user_layout(self, name: str) -> QKLayout | None:
+        if isinstance(self.mapping, Mapping):
+            return self.mapping.get(name)
+        return self.mapping(name, self._modules[name]) if self.mapping is not None else None
+
+    def layout(self, name: str, n_heads: int) -> QKLayout | None:
+        """The module's layout (cached), or None with one warning for the run."""
+        if name in self._layouts:
+            return self._layouts[name]
+        found = self._user_layout(name) if name in self._modules else None
+        if found is None and name in self._modules:
+            found = find_layout(self._modules[name], n_heads)
+        if isinstance(found, str) or found is None:
+            self._warn(name, found or "not a module of the guarded model")
+            found = None
+        elif found.n_heads != n_heads:
+            self._warn(name, f"its layout has {found.n_heads} q heads, the call {n_heads}")
+            found = None
+        self._layouts[name] = found
+        return found
+
+    def _warn(self, name: str, why: str) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        kind = type(self._modules[name]).__name__ if name in self._modules else "?"
+        warnings.warn(
+            f"collapse-guard QK-clip: the attention of {name or '<model>'!r} ({kind}) is not "
+            f"clipped: {why}. Give Guard(qk_layouts={{name: QKLayout(...)}}) to say where its "
+            "q and k heads are. This warning is given once.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def plan(self, captures: Sequence[AttentionCapture]) -> QKPlan:
+        """The factors for every module with a head over tau (empty: nothing to do)."""
+        plan: QKPlan = {}
+        for name, maxima in head_maxima(captures).items():
+            layout = self.layout(name, maxima.numel())
+            factors = head_factors(maxima, layout.n_kv_heads, self.tau) if layout else None
+            if factors is not None:
+                plan[name] = factors
+        return plan
+
+    @torch.no_grad()
+    def apply(self, plan: QKPlan) -> list[str]:
+        """Scale the planned heads' q and k rows; one event per q head whose logit moves."""
+        events = []
+        for name, (q_factors, k_factors) in plan.items():
+            layout = self._layouts.get(name)
+            if layout is None:  # a plan from another process (DDP, resume): find it again
+                layout = self.layout(name, len(q_factors))
+            if layout is None:
+                continue
+            d = layout.head_dim
+            _scale_rows(layout.q_weight, layout.q_start, d, q_factors)
+            _scale_rows(layout.q_bias, layout.q_start, d, q_factors)
+            _scale_rows(layout.k_weight, layout.k_start, d, k_factors)
+            _scale_rows(layout.k_bias, layout.k_start, d, k_factors)
+            group = len(q_factors) // len(k_factors)
+            for head, q in enumerate(q_factors):
+                factor = q * k_factors[head // group]
+                if factor < 1.0:
+                    events.append(f"qk_clip:{name}.{head}x{factor:.4g}")
+        return events
