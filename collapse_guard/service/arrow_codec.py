@@ -167,7 +167,9 @@ def _check_names(names: list[str]) -> None:
 
 def _validate(batch: pa.RecordBatch) -> None:
     """Full validation of every column (native code trusts what it reads: a string
-    column whose offsets point past its data crashed a worker in ``run_end_encode``)."""
+    column whose offsets point past its data crashed a worker in ``run_end_encode``).
+    One call for the batch, ~25 us a window and ~250 for 64 here (mostly the UTF-8 of
+    the run ids), cheaper than choosing columns; the column is named only on failure."""
     try:
         batch.validate(full=True)
         return

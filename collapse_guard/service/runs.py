@@ -298,8 +298,8 @@ def reasons_of(
     n = len(steps)
     for name, flag in _REACTIVE:
         values = _column(columns, name, n)
-        if values is None or not len(values):
-            continue
+        if values is None or not len(values) or np.isfinite(values[bounds[1:] - 1]).all():
+            continue  # every run's last row measured and finite (the usual): none here
         measured = ~np.isnan(values)
         flags = _column(columns, flag, n)
         if flags is not None:
