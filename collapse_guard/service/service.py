@@ -18,7 +18,7 @@ Environment (read by every worker):
 ``COLLAPSE_GUARD_TOKEN``       bearer token for every route but the health probes
 ``COLLAPSE_GUARD_POLL``        seconds between checks of a models:/ alias (0: off)
 ``COLLAPSE_GUARD_WORKERS``     worker processes (read when this module is imported)
-``COLLAPSE_GUARD_MAX_*``       limits (limits.py)
+``COLLAPSE_GUARD_MAX_*``       limits (limits.py), and ``COLLAPSE_GUARD_BODY_IDLE_SECONDS``
 =============================  ==============================================================
 """
 
