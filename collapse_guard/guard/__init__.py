@@ -9,6 +9,7 @@ number: :class:`GuardPolicy`.
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.guard import Guard, GuardGaveUp
 from collapse_guard.guard.policy import LEVELS, GuardPolicy
+from collapse_guard.guard.qk_clip import QKLayout
 from collapse_guard.guard.schedule import warmup_cosine
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "GuardDecision",
     "GuardGaveUp",
     "GuardPolicy",
+    "QKLayout",
     "StepFacts",
     "decide",
     "warmup_cosine",

@@ -224,7 +224,7 @@ class QKClip:
         if self._warned:
             return
         self._warned = True
-        kind = type(self._modules[name]).__name__ if name in self._modules else "?"
+        kind = type(self._modules.get(name, self.model)).__name__
         warnings.warn(
             f"collapse-guard QK-clip: the attention of {name or '<model>'!r} ({kind}) is not "
             f"clipped: {why}. Give Guard(qk_layouts={{name: QKLayout(...)}}) to say where its "
@@ -236,7 +236,10 @@ class QKClip:
     def plan(self, captures: Sequence[AttentionCapture]) -> QKPlan:
         """The factors for every module with a head over tau (empty: nothing to do)."""
         plan: QKPlan = {}
-        for name, maxima in head_maxima(captures).items():
+        maxima_of = head_maxima(captures)
+        if captures and not maxima_of:
+            self._warn("", "the probe's attention_fn returns no per-head logits and modules")
+        for name, maxima in maxima_of.items():
             layout = self.layout(name, maxima.numel())
             factors = head_factors(maxima, layout.n_kv_heads, self.tau) if layout else None
             if factors is not None:

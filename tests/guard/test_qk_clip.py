@@ -368,3 +368,30 @@ def test_policy_rejects_an_unknown_mode_and_a_zero_tau():
         GuardPolicy(qk_clip_tau=0)
     with pytest.raises(TypeError, match="qk_clip_tau must be a number"):
         GuardPolicy(qk_clip_tau="100")
+
+
+@pytest.mark.slow  # two spawned interpreters importing torch: ~40 s on the loaded machine
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_under_ddp_every_rank_applies_rank_0s_factors(tmp_path):
+    import sys
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from qk_ddp_worker import run_rank
+
+    mp.start_processes(run_rank, args=(2, str(tmp_path)), nprocs=2, start_method="spawn")
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert zero["events"] == one["events"] and zero["events"]
+    assert {e.split(":")[0] for e in zero["events"]} == {"1", "11", "21"}
+    for name, value in zero["params"].items():
+        assert torch.equal(value, one["params"][name]), name
+
+
+def test_captures_of_a_user_attention_fn_are_named_in_the_warning():
+    from collapse_guard.probe.capture import AttentionCapture
+
+    bare = AttentionCapture(probs=torch.full((1, HEADS, SEQ, SEQ), 1 / SEQ))  # no modules
+    with pytest.warns(RuntimeWarning, match="attention_fn returns no per-head logits"):
+        assert QKClip(NanoAttention(), TAU).plan([bare]) == {}
