@@ -222,3 +222,19 @@ def test_training_says_each_stage_and_counts_the_runs_it_reads(synthetic_paths, 
         assert stage in said, said
     bars = capsys.readouterr().out  # rich's bar, as drawn off a terminal: its last state
     assert "features: train runs" in bars and "features: validation runs" in bars
+
+
+def test_runs_warmed_up_from_lr_zero_train(synthetic_paths, tmp_path):
+    # the transformers Trainer's warm-up starts at LR 0: `train` on its guarded run files
+    # died in the config-only baseline with "Input X contains infinity"
+    from collapse_guard.datasets.runfile import read_run, write_run
+
+    paths = []
+    for path in synthetic_paths[:30]:
+        frame, meta = read_run(path)
+        frame.loc[frame.index[:3], "lr"] = [0.0, 0.0, -0.0]
+        paths.append(write_run(tmp_path / path.name, frame, meta))
+    kwargs = {"seed": 5, "stride": 25, "params": {"n_estimators": 15, "min_child_samples": 20}}
+    result = train_risk_model(paths, levels_by=None, **kwargs)
+    assert "config_only" in result.report.to_frame()["scorer"].tolist()
+    assert result.model.meta["n_trees"] >= 1
