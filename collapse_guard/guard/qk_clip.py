@@ -59,7 +59,7 @@ _QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 QKPlan = dict[str, tuple[list[float], list[float]]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors inside: identity, not ==
 class QKLayout:
     """Where one attention module's heads are: q head h is rows ``q_start + h * head_dim``
     to ``q_start + (h + 1) * head_dim`` of ``q_weight`` (and of ``q_bias``, if any);

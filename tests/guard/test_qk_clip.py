@@ -320,11 +320,11 @@ def test_a_head_at_or_below_zero_is_floored_no_nan_no_change():
 
 
 # ---------------------------------------------------------------- guard
-def _guarded(tmp_path, steps: int, mode: str, tau: float, guard: Guard | None = None):
+def _guarded(tmp_path, steps: int, mode: str, tau: float, risk="off"):
     model, optimizer = tiny_model(seed=0, lr=1e-2)
     loop = Loop(seed=0)
-    config = {"qk_clip": mode, "qk_clip_tau": tau}
-    guard = Guard(model, optimizer, tmp_path, risk="off", config=config, preflight=False)
+    config = {"qk_clip": mode, "qk_clip_tau": tau, "risk_every": 1}
+    guard = Guard(model, optimizer, tmp_path, risk=risk, config=config, preflight=False)
     for _ in range(steps):
         guard.step(loop.loss(model))
         optimizer.zero_grad()
@@ -357,6 +357,14 @@ def test_guarded_loop_clips_records_events_and_keeps_state(tmp_path):
     assert off.qk_clips == 0 and not any("qk_clip" in e for _, e in off.events)
     watch, _ = _guarded(tmp_path / "watch", 12, "watch", tau=0.01)  # risk off: level ok
     assert watch.qk_clips == 0
+
+
+def test_watch_mode_clips_only_at_watch_and_above(tmp_path, fixed_risk):
+    # the reading asked after step 0 holds from step 1: the pass of step 0 (at ok) plans
+    # nothing; at watch the attention is probed every 5 steps, each pass's plan applied
+    # after the next update
+    guard, _ = _guarded(tmp_path, 17, "watch", tau=0.01, risk=fixed_risk("watch"))
+    assert sorted({s for s, e in guard.events if e.startswith("qk_clip:")}) == [6, 11, 16]
 
 
 def test_policy_rejects_an_unknown_mode_and_a_zero_tau():
