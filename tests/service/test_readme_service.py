@@ -20,6 +20,9 @@ def test_curl_example_is_answered(app_client):
     (result,) = answer.json()["results"]
     assert result["run_id"] == "a" and result["step"] == 2
     assert 0.0 <= result["probability"] <= 1.0
+    # as the README says: its latest loss is a measured NaN, a collapse now
+    assert result["level"] == "critical" and result["reason"].startswith("loss is nan at step 2")
+    assert "answers `critical`" in _section()
 
 
 def test_client_example_names_real_methods():
