@@ -234,12 +234,16 @@ class QKClip:
         )
 
     def plan(self, captures: Sequence[AttentionCapture]) -> QKPlan:
-        """The factors for every module with a head over tau (empty: nothing to do)."""
+        """The factors for every module with a head over tau (empty: nothing to do). A
+        layout is looked for only where a head is over tau: a healthy run whose heads stay
+        under it hears nothing of a module the clip could not reach."""
         plan: QKPlan = {}
         maxima_of = head_maxima(captures)
         if captures and not maxima_of:
             self._warn("", "the probe's attention_fn returns no per-head logits and modules")
         for name, maxima in maxima_of.items():
+            if not bool((maxima > self.tau).any()):
+                continue
             layout = self.layout(name, maxima.numel())
             factors = head_factors(maxima, layout.n_kv_heads, self.tau) if layout else None
             if factors is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -280,6 +281,9 @@ def test_unknown_layout_warns_once_and_a_user_mapping_clips_it():
     torch.manual_seed(5)
     model = GroupedAttention(kv_heads=4, names=("wq", "wk"))
     d = model.d
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every head under tau: no word of the layout
+        assert _clip(model, _forward) == []
     _grow_head(model.wq.weight.data[d : 2 * d], model.wk.weight.data[d : 2 * d], by=15.0)
     assert _head_max(model, _forward)[1] > TAU
     snapshot = _snapshot(model)
