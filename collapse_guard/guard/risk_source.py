@@ -237,7 +237,12 @@ class ServiceRisk:
             try:
                 result = self.client.risk(frame, run_id=self.run_id, context=context)
                 p, level, hold = read_answer(result)
-                level = self._checked_level(p, level, getattr(result, "model_version", None))
+                level = self._checked_level(
+                    p,
+                    level,
+                    getattr(result, "model_version", None),
+                    getattr(result, "reason", None),
+                )
                 answer: Any = RiskReading(step, p, level, self.source, hold)
             except Exception as error:  # any failure of the service falls back
                 answer = (f"{type(error).__name__}: {error}", step, frame, context)
@@ -259,14 +264,17 @@ class ServiceRisk:
             self._levels[version] = found or embedded
         return self._levels[version]
 
-    def _checked_level(self, p: float, level: str, version: Any) -> str:
+    def _checked_level(self, p: float, level: str, version: Any, reason: Any = None) -> str:
         from collapse_guard.predictor.levels import level_of  # numpy only
 
         thresholds = self._thresholds_of(version)
         if thresholds is None:
             return level
         own = level_of(p, thresholds)
-        if own != level:
+        # a reason is the service's reactive reading (a measured non-finite loss now): the
+        # guard's own reactive path has acted on that loss already, so the forecast's level
+        # is the one to act on, and the two differing is no disagreement to warn about
+        if own != level and not reason:
             self.disagreements += 1
             if self.disagreements == 1:  # warned from poll(): the training thread's warning
                 self._note = (

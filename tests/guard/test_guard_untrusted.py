@@ -176,6 +176,16 @@ def test_a_level_that_is_not_its_probabilitys_is_corrected_and_said_once(
     assert disagreements == 2
 
 
+def test_a_collapse_now_answer_is_acted_on_by_its_forecast_without_a_warning(risk_model):
+    # the service's critical for a measured NaN loss comes with a reason; the guard's own
+    # reactive path has that loss, so it acts on the probability's level and says nothing
+    assert risk_model.level(0.01) == "ok"
+    server = FixedAnswers(_answer(probability=0.01, level="critical", reason="loss is NaN"))
+    readings, told, disagreements = _two_readings(risk_model, server)
+    assert readings == [("service", 0.01, "ok")] * 2
+    assert told == [] and disagreements == 0
+
+
 def test_the_services_own_thresholds_judge_its_answers(risk_model):
     # a model levelled for another set-up: p = 0.01 is critical there, ok for the embedded
     thresholds = {"watch": 0.002, "warn": 0.005, "critical": 0.009}
