@@ -16,7 +16,8 @@ The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order
             # <MEASURE>   probe.after_backward(loss); per-tensor gradient norms; one sync
             # <DECIDE>    decision.decide(facts): skip / rescue / level actions (pure)
             # <APPLY>     clip (global, outlier layers), LR x multiplier, optimizer.step()
-            #             or not, scaler.update(), probe.after_step(), LR restored
+            #             or not, scaler.update(), the QK-clip rank 0 planned at the
+            #             last probe pass (qk_clip.py), probe.after_step(), LR restored
             # <RESCUE>    forensics, roll back to the ring's average, skip batches, cap the LR
             # <RECORD>    the step's row and events into the run file (source "guarded")
             # <KEEP>      a healthy checkpoint when due (every parameter finite; the run
