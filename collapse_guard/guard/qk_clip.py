@@ -21,7 +21,9 @@ land exactly on tau instead would scale some q heads *up* (when S_max >> S_h).
 
 Where a head's parameters are, per layout (:func:`find_layout`): separate ``q_proj`` /
 ``k_proj`` (transformers' Llama, Qwen2, Mistral), a fused ``qkv`` / ``c_attn`` whose
-rows are [q; k; v] (nanoGPT, this project's ``SelfAttention``),
+outputs are [q; k; v] (nanoGPT, this project's ``SelfAttention``, transformers' GPT-2
+with its transposed ``Conv1D``), GPT-NeoX's ``query_key_value`` ([q_h; k_h; v_h] per
+head),
 ``nn.MultiheadAttention``'s ``in_proj_weight`` (or its separate ``q_proj_weight`` /
 ``k_proj_weight``), or the user's mapping (:class:`QKLayout` per module name, as a
 dict or a callable). The head counts come from the captured call, never from a guess
@@ -51,7 +53,7 @@ __all__ = [
     "head_maxima",
 ]
 
-_FUSED = ("qkv", "c_attn")
+_FUSED = ("qkv", "c_attn", "query_key_value")
 _QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 
 # module name -> (per-q-head factor, per-k-head factor): plain floats, so a plan goes
@@ -61,10 +63,13 @@ QKPlan = dict[str, tuple[list[float], list[float]]]
 
 @dataclass(frozen=True, eq=False)  # tensors inside: identity, not ==
 class QKLayout:
-    """Where one attention module's heads are: q head h is rows ``q_start + h * head_dim``
-    to ``q_start + (h + 1) * head_dim`` of ``q_weight`` (and of ``q_bias``, if any);
-    k head g likewise in ``k_weight``. q head h reads k head ``h // (n_heads //
-    n_kv_heads)`` (transformers' ``repeat_kv``, SDPA's ``enable_gqa``)."""
+    """Where one attention module's heads are: q head h is the ``head_dim`` rows from
+    ``q_start + h * head_stride`` of ``q_weight`` (and of ``q_bias``, if any); k head g
+    likewise in ``k_weight``. ``head_stride`` 0 means ``head_dim`` (heads side by side;
+    GPT-NeoX's ``query_key_value`` interleaves [q; k; v] per head: 3 x head_dim).
+    ``axis`` is the weight's output dimension: 0 for ``nn.Linear``, 1 for transformers'
+    ``Conv1D`` (GPT-2). q head h reads k head ``h // (n_heads // n_kv_heads)``
+    (transformers' ``repeat_kv``, SDPA's ``enable_gqa``)."""
 
     q_weight: torch.Tensor
     k_weight: torch.Tensor
@@ -75,6 +80,12 @@ class QKLayout:
     k_start: int = 0
     q_bias: torch.Tensor | None = None
     k_bias: torch.Tensor | None = None
+    head_stride: int = 0
+    axis: int = 0
+
+    @property
+    def stride(self) -> int:
+        return self.head_stride or self.head_dim
 
     def __post_init__(self) -> None:
         if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
@@ -86,12 +97,12 @@ class QKLayout:
             ("q", self.q_weight, self.q_start, self.n_heads),
             ("k", self.k_weight, self.k_start, self.n_kv_heads),
         ):
-            end = start + heads * self.head_dim
-            if end > weight.size(0):
+            end = start + (heads - 1) * self.stride + self.head_dim
+            if end > weight.size(self.axis):
                 raise ValueError(
                     f"QKLayout: {name} heads need rows {start}..{end} of a {name}_weight "
-                    f"with {weight.size(0)} rows; check head_dim ({self.head_dim}) and "
-                    f"{name}_start ({start})"
+                    f"with {weight.size(self.axis)} along axis {self.axis}; check head_dim "
+                    f"({self.head_dim}), head_stride and {name}_start ({start})"
                 )
 
 
@@ -163,26 +174,43 @@ def find_layout(module: nn.Module, n_heads: int) -> QKLayout | str:
         rows = f"({q.out_features}, {k.out_features})"
         return f"q_proj/k_proj rows {rows} do not split into {n_heads} heads"
     for name in _FUSED:
-        fused = _linear(module, name)
-        if fused is not None:
-            width = fused.out_features // 3
-            head_dim = _split(width, n_heads) if fused.out_features % 3 == 0 else None
-            if head_dim is None:
-                return f"{name} has {fused.out_features} rows: not [q; k; v] of {n_heads} heads"
-            w, b = fused.weight, fused.bias
-            return QKLayout(w, w, n_heads, n_heads, head_dim, k_start=width, q_bias=b, k_bias=b)
-    return "no q_proj/k_proj, qkv, c_attn or in_proj_weight"
+        found = _fused_layout(getattr(module, name, None), name, n_heads)
+        if found is not None:
+            return found
+    return "no q_proj/k_proj, qkv, c_attn, query_key_value or in_proj_weight"
 
 
-def _scale_rows(
-    tensor: torch.Tensor | None, start: int, head_dim: int, factors: list[float]
+def _fused_layout(child: object, name: str, n_heads: int) -> QKLayout | str | None:
+    """[q; k; v] in one layer: an ``nn.Linear``, or GPT-2's ``Conv1D`` (weight (in, out))."""
+    if isinstance(child, nn.Linear):
+        axis = 0
+    elif type(child).__name__ == "Conv1D" and getattr(child, "nf", None) == child.weight.size(1):
+        axis = 1
+    else:
+        return None
+    w, b = child.weight, child.bias
+    rows = w.size(axis)
+    head_dim = _split(rows // 3, n_heads) if rows % 3 == 0 else None
+    if head_dim is None:
+        return f"{name} has {rows} outputs: not [q; k; v] of {n_heads} heads"
+    if name == "query_key_value":  # GPT-NeoX: per head [q_h; k_h; v_h]
+        start, stride = head_dim, 3 * head_dim
+    else:
+        start, stride = rows // 3, head_dim
+    return QKLayout(
+        w, w, n_heads, n_heads, head_dim, k_start=start, q_bias=b, k_bias=b,
+        head_stride=stride, axis=axis,
+    )  # fmt: skip
+
+
+def _scale_heads(
+    tensor: torch.Tensor | None, start: int, layout: QKLayout, factors: list[float], axis: int
 ) -> None:
     if tensor is None:
         return
     for head, factor in enumerate(factors):
         if factor < 1.0:
-            rows = slice(start + head * head_dim, start + (head + 1) * head_dim)
-            tensor.data[rows].mul_(factor)
+            tensor.data.narrow(axis, start + head * layout.stride, layout.head_dim).mul_(factor)
 
 
 class QKClip:
@@ -260,11 +288,10 @@ class QKClip:
                 layout = self.layout(name, len(q_factors))
             if layout is None:
                 continue
-            d = layout.head_dim
-            _scale_rows(layout.q_weight, layout.q_start, d, q_factors)
-            _scale_rows(layout.q_bias, layout.q_start, d, q_factors)
-            _scale_rows(layout.k_weight, layout.k_start, d, k_factors)
-            _scale_rows(layout.k_bias, layout.k_start, d, k_factors)
+            _scale_heads(layout.q_weight, layout.q_start, layout, q_factors, layout.axis)
+            _scale_heads(layout.q_bias, layout.q_start, layout, q_factors, 0)
+            _scale_heads(layout.k_weight, layout.k_start, layout, k_factors, layout.axis)
+            _scale_heads(layout.k_bias, layout.k_start, layout, k_factors, 0)
             group = len(q_factors) // len(k_factors)
             for head, q in enumerate(q_factors):
                 factor = q * k_factors[head // group]

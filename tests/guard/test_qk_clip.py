@@ -203,7 +203,7 @@ def test_multihead_attention_in_proj_weight_is_clipped():
     assert before[3] > TAU and (before[:3] < TAU).all()
     snapshot = _snapshot(model)
     events = _clip(model, run)
-    assert [e.split("x")[0] for e in events] == ["qk_clip:.3"]
+    assert [e.rsplit("x", 1)[0] for e in events] == ["qk_clip:.3"]
     _assert_clipped(model, run, 3, snapshot, {"in_proj_weight", "in_proj_bias"})
     moved = _rows_moved(snapshot["in_proj_weight"], model.in_proj_weight)
     assert moved == set(range(3 * d, 4 * d)) | set(range(WIDTH + 3 * d, WIDTH + 4 * d))
@@ -230,7 +230,7 @@ def test_grouped_query_heads_all_end_at_or_under_tau():
     expected_1 = TAU * math.sqrt(before[1].item() / before[0].item())
     assert after[1].item() == pytest.approx(expected_1, rel=1e-6) and after[1] < TAU
     assert torch.equal(after[2:], before[2:])
-    assert [e.split("x")[0] for e in events] == ["qk_clip:.0", "qk_clip:.1"]
+    assert [e.rsplit("x", 1)[0] for e in events] == ["qk_clip:.0", "qk_clip:.1"]
     assert _rows_moved(snapshot["k_proj.weight"], model.k_proj.weight) == set(range(d))
     assert _rows_moved(snapshot["q_proj.weight"], model.q_proj.weight) == set(range(2 * d))
     for name in ("v_proj.weight", "v_proj.bias"):
@@ -275,6 +275,57 @@ def test_transformers_llama_is_clipped_through_the_mapping():
             assert torch.equal(p, snapshot[name]), name
     moved = _rows_moved(snapshot[sorted(touched)[0]], attn.k_proj.weight)
     assert moved == set(range(d, 2 * d))  # k head 1 only
+
+
+def _gpt2(transformers):
+    config = transformers.GPT2Config(
+        vocab_size=40, n_positions=32, n_embd=32, n_layer=2, n_head=4, attn_implementation="sdpa"
+    )
+    model = transformers.GPT2LMHeadModel(config).double().eval()  # dropout 0.1 off
+    weight = model.transformer.h[1].attn.c_attn.weight  # Conv1D: (in, [q; k; v] out)
+    return model, "transformer.h.1.attn", [weight[:, 16:24], weight[:, 32 + 16 : 32 + 24]]
+
+
+def _neox(transformers):
+    config = transformers.GPTNeoXConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    model = transformers.GPTNeoXForCausalLM(config).double().eval()
+    weight = model.gpt_neox.layers[1].attention.query_key_value.weight  # [q_h; k_h; v_h] per h
+    return model, "gpt_neox.layers.1.attention", [weight[48:56], weight[56:64]]  # head 2
+
+
+@pytest.mark.parametrize("build", [_gpt2, _neox], ids=["gpt2-conv1d", "gpt-neox"])
+def test_transformers_fused_layouts_gpt2_and_neox(build):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(7)
+    model, attention, (q_rows, k_rows) = build(transformers)
+    with torch.no_grad():
+        q_rows.mul_(80.0)  # layer 1, head 2
+        k_rows.mul_(80.0)
+    ids = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def run(m: nn.Module) -> None:
+        m(input_ids=ids)
+
+    before = _head_max(model, run)
+    assert before[6] > TAU and (before[:6] < TAU).all() and before[7] < TAU, before
+    snapshot = _snapshot(model)
+    events = _clip(model, run)
+    after = _head_max(model, run)
+    assert [e.rsplit("x", 1)[0] for e in events] == [f"qk_clip:{attention}.2"]
+    assert after[6].item() == pytest.approx(TAU, abs=1e-4)
+    assert torch.equal(after[[0, 1, 2, 3, 4, 5, 7]], before[[0, 1, 2, 3, 4, 5, 7]])
+    fused = (f"{attention}.c_attn.", f"{attention}.query_key_value.")
+    for name, p in model.named_parameters():
+        if not name.startswith(fused):
+            assert torch.equal(p, snapshot[name]), name
 
 
 def test_unknown_layout_warns_once_and_a_user_mapping_clips_it():
