@@ -402,12 +402,19 @@ def test_guarded_loop_clips_records_events_and_keeps_state(tmp_path):
             assert name.startswith("blocks.0.attn.") and 0 < float(factor) < 1
     assert meta.extra["guard"]["qk_clips"] == guard.qk_clips > 0
     assert guard.qk_pending  # step 20's plan, for step 21
-    state = guard.state_dict()
+    torch.save(guard.state_dict(), tmp_path / "state.pt")  # as a checkpoint holds it
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
     again = Guard(
         *tiny_model(seed=1), tmp_path / "b", risk="off", config=guard.policy, record=False
     )
     again.load_state_dict(state)
     assert again.qk_pending == guard.qk_pending and again.qk_clips == guard.qk_clips
+    # resume from the ring (its newest checkpoint: after step 10, whose pass planned)
+    resumed = Guard(*tiny_model(seed=1), tmp_path, risk="off", config=guard.policy, record=False)
+    assert resumed.resume() == 11
+    assert resumed.qk_pending and resumed.qk_clips == sum(
+        e.startswith("qk_clip:") for s, e in guard.events if s <= 10
+    )
     off, _ = _guarded(tmp_path / "off", 12, "off", tau=0.01)
     assert off.qk_clips == 0 and not any("qk_clip" in e for _, e in off.events)
     watch, _ = _guarded(tmp_path / "watch", 12, "watch", tau=0.01)  # risk off: level ok
