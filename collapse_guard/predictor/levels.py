@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from collapse_guard.errors import UserInputError
+
 __all__ = [
     "DEFAULT_BUDGETS",
     "LEVELS",
@@ -136,9 +138,11 @@ def thresholds_from_budgets(
         )
     total_steps = sum(int(np.asarray(s).size) for s in healthy_scores)
     if total_steps == 0:
-        raise ValueError(
-            "no healthy validation steps to set alarm thresholds on; "
-            "fix: include healthy runs (onset_step null) in the training data"
+        # bad input, not a bug: the command line shows it as one line (a source of runs
+        # that all collapsed has no healthy step to hold a budget on)
+        raise UserInputError(
+            "no healthy validation steps to set alarm thresholds on",
+            "include healthy runs (onset_step null) of every source in the training data",
         )
     out: dict[str, float] = {}
     floor = -math.inf

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.levels import (
     DEFAULT_BUDGETS,
     alarm_starts,
@@ -59,7 +60,7 @@ def test_thresholds_are_ordered_and_budgets_validated():
         thresholds_from_budgets(seqs, {"watch": 10_000, "warn": 1_000, "critical": 100_000})
     with pytest.raises(ValueError, match="must name exactly"):
         thresholds_from_budgets(seqs, {"warn": 10})
-    with pytest.raises(ValueError, match="no healthy validation steps"):
+    with pytest.raises(UserInputError, match="no healthy validation steps"):
         thresholds_from_budgets([], DEFAULT_BUDGETS)
 
 
