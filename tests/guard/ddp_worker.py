@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
-import torch.distributed as dist
 
 __all__ = ["FORCED", "run_rank"]
 
@@ -15,22 +13,9 @@ STEPS = 18
 
 
 def run_rank(rank: int, world: int, folder: str) -> None:
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    torch.set_num_threads(1)
-    init = f"file://{os.path.join(folder, 'rendezvous')}"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        from guard_helpers import Loop, tiny_model
+    from guard_helpers import ddp_guarded
 
-        from collapse_guard.guard import Guard
-
-        model, _ = tiny_model(seed=0)  # same init on every rank, as DDP requires
-        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=3e-3)
-        loop = Loop(seed=100 + rank)  # each rank its own data
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            guard = Guard(ddp_model, optimizer, os.path.join(folder, "ckpt"), risk="off")
+    with ddp_guarded(rank, world, folder, lr=3e-3) as (model, ddp_model, optimizer, loop, guard):
         taken = {}
         for step in range(STEPS):
             if rank == 0 and step in FORCED:  # only rank 0's wish counts
@@ -45,5 +30,3 @@ def run_rank(rank: int, world: int, folder: str) -> None:
         state = {n: p.detach().clone() for n, p in model.named_parameters()}
         result = {"params": state, "taken": taken, "skips": guard.pending_skips}
         torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()

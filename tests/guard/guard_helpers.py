@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from collapse_guard.datasets.real.models.gpt import GPT, GPTConfig
 
-__all__ = ["Loop", "tiny_model"]
+__all__ = ["Loop", "ddp_guarded", "tiny_model"]
 
 VOCAB, SEQ = 32, 16
 
@@ -38,3 +43,33 @@ class Loop:
         _, loss = model(x, y)
         loss.backward()
         return loss
+
+
+@contextmanager
+def ddp_guarded(
+    rank: int, world: int, folder: str, lr: float, config: dict | None = None
+) -> Iterator:
+    """One rank of a DDP test: its gloo group, the tiny model (same init on every rank, as
+    DDP requires) wrapped in DDP with AdamW, its own data (``Loop`` seeded 100 + rank) and a
+    Guard with the risk off; yields ``(model, ddp_model, optimizer, loop, guard)`` and
+    destroys the group on exit."""
+    import torch.distributed as dist
+
+    from collapse_guard.guard import Guard
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    torch.set_num_threads(1)
+    init = f"file://{os.path.join(folder, 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        model, _ = tiny_model(seed=0)
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=lr)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            guard = Guard(
+                ddp_model, optimizer, os.path.join(folder, "ckpt"), risk="off", config=config
+            )
+        yield model, ddp_model, optimizer, Loop(seed=100 + rank), guard
+    finally:
+        dist.destroy_process_group()
