@@ -73,9 +73,9 @@ __all__ = [
 # choice for an operating level (0.95 asks 30 % more healthy steps for the same budget)
 DEFAULT_CONFIDENCE = 0.9
 # The least log-odds a level rises per decade of missing healthy steps. A tail read from
-# few steps can look flat (one long plateau of held risk); 0.25 log-odds a decade is the
-# slope of a logistic tail of scale 1.7, flatter than any measured set-up's (benchmarks/
-# README.md, "Levels on your own healthy runs")
+# few steps can look flat (one long plateau of held risk); 0.25 a decade is an exponential
+# tail of log-odds scale 0.11 (0.25 / ln 10), flatter than every measured set-up's: 0.26-0.84
+# (benchmarks/README.md, "Levels on your own healthy runs")
 MIN_TAIL_SLOPE = 0.25
 _TAIL_SHARE = 0.1  # the tail's slope is read from the top 10 % of healthy steps up
 _EPS = 1e-9  # log-odds of probabilities this close to 0 or 1 stay finite
