@@ -100,6 +100,13 @@ def retrain(
     ] = None,
     experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "collapse-guard",
     seed: Annotated[int, typer.Option(help="Seeds the split, LightGBM and the benchmark.")] = 0,
+    recalibrate: Annotated[
+        bool,
+        typer.Option(
+            help="Set the challenger's levels on the new healthy runs it did not train on "
+            "(collapse-guard calibrate); --no-recalibrate keeps its validation runs' levels."
+        ),
+    ] = True,
 ) -> None:
     """Retrain on new runs: ingest them, train a challenger, compare it with the champion on
     the frozen benchmark and the new runs neither has seen, promote it only by the rule.
@@ -121,6 +128,7 @@ def retrain(
             seed=seed,
             dask=dask,
             require_new=True,
+            recalibrate=recalibrate,
             progress=console.log,
         )
     except Exception:

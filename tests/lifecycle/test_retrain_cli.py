@@ -54,11 +54,15 @@ def test_bad_input_is_one_line_and_exit_code_2(app, tmp_path, store, base):
 @pytest.mark.slow  # ~25 s: a training with the default LightGBM settings
 def test_command_ingests_from_a_url_names_what_it_skipped_and_promotes(app, store, base, fleet_url):
     args = ["retrain", "--runs", fleet_url, "--base", str(base), "--tracking-uri", store]
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    result = CliRunner().invoke(app, [*args, "--no-recalibrate"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "skipped memory:///cli-fleet/broken.parquet: " in " ".join(result.output.split())
     assert "v1 is now champion" in result.output
     assert registry.champion_version() == "1"
+    # --no-recalibrate: the levels of its validation runs, none set on the new runs
+    champion = RiskModel.load(f"models:/{registry.MODEL_NAME}/1")
+    assert "calibrated_on" not in champion.meta
+    assert champion.meta["levels_from"].get("by") != "calibrate"
     assert len(list((base / "ingested").glob("*.parquet"))) == 6
 
 
