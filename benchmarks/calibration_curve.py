@@ -45,6 +45,7 @@ from collapse_guard.predictor.evaluation import (
     evaluate_runs,
     event_metrics,
     row_metrics,
+    scored_runs,
 )
 from collapse_guard.predictor.levels import alarm_starts
 from collapse_guard.predictor.model_source import load_risk_model
@@ -95,11 +96,6 @@ def _group(record, by: str) -> str:
     return "/".join(str(record.meta.config.get(key, "unknown")) for key in by.split(","))
 
 
-def _scored(record, risk: np.ndarray) -> ScoredRun:
-    steps = record.frame["step"].to_numpy()
-    return ScoredRun(record.run_id, record.meta.source, steps, risk, record.meta.onset_step)
-
-
 def _run_level(run: ScoredRun, threshold: float, tally: Tally) -> None:
     starts = run.steps[alarm_starts(run.scores, threshold)]
     if run.onset_step is None:
@@ -121,11 +117,11 @@ def _score(tally: Tally, runs: list[ScoredRun], threshold: float) -> None:
         _run_level(run, threshold, tally)
 
 
-def _ranking(group: str, members: list, risks: dict) -> dict:
+def _ranking(group: str, members: list, scored_by_id: dict[str, ScoredRun]) -> dict:
     """How well the model ranks on a set-up, before any level: ROC-AUC of steps 10-200 before
     onset against healthy steps (``row_metrics``), the highest risk of its healthy runs, and
     the median over its collapses of their highest risk 10-200 steps before onset."""
-    scored = [_scored(r, risks[r.run_id]) for r in members]
+    scored = [scored_by_id[r.run_id] for r in members]
     peaks = []
     for run in scored:
         if run.onset_step is not None:
@@ -142,12 +138,12 @@ def _ranking(group: str, members: list, risks: dict) -> dict:
     }
 
 
-def _others(groups: dict, risks: dict, budgets) -> Tally:
+def _others(groups: dict, scored: dict[str, ScoredRun], budgets) -> Tally:
     """Each set-up scored at levels calibrated on every other set-up's healthy runs."""
     tally = Tally()
     for g, members in groups.items():
         healthy = [
-            risks[r.run_id]
+            scored[r.run_id].scores
             for other, rs in groups.items()
             if other != g
             for r in rs
@@ -155,7 +151,7 @@ def _others(groups: dict, risks: dict, budgets) -> Tally:
         ]
         if healthy:
             warn = healthy_levels(healthy, budgets)["warn"].threshold
-            _score(tally, [_scored(r, risks[r.run_id]) for r in members], warn)
+            _score(tally, [scored[r.run_id] for r in members], warn)
     return tally
 
 
@@ -215,10 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     onset = {r.run_id: r.meta.extra.get("onset_kind") for r in records}
     kept = [r for r in records if r.meta.onset_step is None or onset[r.run_id] == "develops"]
     sudden = len(records) - len(kept)
-    risks = {
-        r.run_id: model.predict_run(r.frame, steps=r.frame["step"].to_numpy()).to_numpy()
-        for r in kept
-    }
+    risks = [model.predict_run(r.frame, steps=r.frame["step"].to_numpy()) for r in kept]
+    scored = {s.run_id: s for s in scored_runs(kept, risks)}
     groups: dict[str, list] = defaultdict(list)
     for r in kept:
         groups[_group(r, args.by)].append(r)
@@ -232,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             for g, rs in sorted(groups.items())
         )
     )
-    _print([_ranking(g, rs, risks) for g, rs in sorted(groups.items())], args.markdown)
+    _print([_ranking(g, rs, scored) for g, rs in sorted(groups.items())], args.markdown)
     slopes = {
-        g: tail_slope(np.concatenate([risks[r.run_id] for r in rs if r.meta.onset_step is None]))
+        g: tail_slope(
+            np.concatenate([scored[r.run_id].scores for r in rs if r.meta.onset_step is None])
+        )
         for g, rs in sorted(groups.items())
         if any(r.meta.onset_step is None for r in rs)
     }
@@ -254,17 +250,17 @@ def main(argv: list[str] | None = None) -> int:
                 chosen = {healthy[i].run_id for i in rng.choice(len(healthy), k, replace=False)}
                 thresholds = model.thresholds
                 if k:
-                    evidence = healthy_levels([risks[i] for i in chosen], model.budgets)
+                    evidence = healthy_levels([scored[i].scores for i in chosen], model.budgets)
                     thresholds = {lv: e.threshold for lv, e in evidence.items()}
                     if not checked:  # the public API sets the same levels
                         tuned = model.calibrate([r for r in healthy if r.run_id in chosen])
                         assert tuned.thresholds == thresholds, (tuned.thresholds, thresholds)
                         checked = True
-                test = [_scored(r, risks[r.run_id]) for r in members if r.run_id not in chosen]
+                test = [scored[r.run_id] for r in members if r.run_id not in chosen]
                 _score(tallies[k], test, thresholds["warn"])
     rows = [t.row(k) for k, t in tallies.items()]
     if args.others:
-        rows.append(_others(groups, risks, model.budgets).row("others"))
+        rows.append(_others(groups, scored, model.budgets).row("others"))
     print(f"calibrate, by {args.by}: pooled over set-ups and {args.repeats} draws of K runs")
     _print(rows, args.markdown)
     print("reactive rules as their originals fire them, on every kept run")
