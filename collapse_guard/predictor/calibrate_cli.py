@@ -78,8 +78,6 @@ def calibrate_command(
     """Set the levels of a model on your healthy runs; booster and calibration kept."""
     from rich.console import Console
 
-    if not 0.0 < confidence < 1.0:
-        raise UserInputError(f"--confidence must be in (0, 1); got {confidence}", "e.g. 0.9")
     if alias and not register:
         raise UserInputError("--alias needs --register", "add --register")
     _check_out(out)

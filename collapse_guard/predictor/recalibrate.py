@@ -142,6 +142,13 @@ def tail_slope(values: np.ndarray) -> float:
     return max(spread / decades, MIN_TAIL_SLOPE)
 
 
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise UserInputError(
+            f"confidence must be in (0, 1), got {confidence}", "e.g. 0.9 (the default)"
+        )
+
+
 def healthy_levels(
     sequences: Sequence[np.ndarray],
     budgets: Mapping[str, float],
@@ -151,8 +158,7 @@ def healthy_levels(
 
     NaN (no risk yet) is never an alarm. Levels never fall from ``watch`` to ``critical``.
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check_confidence(confidence)
     cleaned = [np.asarray(s, dtype=np.float64) for s in sequences]
     values = np.concatenate([s[np.isfinite(s)] for s in cleaned] or [np.empty(0)])
     steps = int(sum(s.size for s in cleaned))
@@ -245,6 +251,7 @@ def calibrate(
     naming them). ``meta["levels_evidence"]`` says per level
     whether the budget is certified and how many healthy steps would certify it.
     """
+    _check_confidence(confidence)  # before any run is read or scored
     records = _records(runs)
     if not records:
         raise UserInputError(

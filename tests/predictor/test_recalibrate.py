@@ -195,6 +195,12 @@ def test_calibrate_command_writes_a_model_and_says_what_backs_each_level(
     )
     assert again.exit_code == 2
     assert "collapsed" in again.output and "Traceback" not in again.output
+    # a confidence out of range: one line, before any run is read (a missing folder passes)
+    bad = runner.invoke(
+        app, ["calibrate", "--runs", str(tmp_path / "nowhere"), "--out", str(tmp_path / "y"),
+              "--confidence", "1.5"],
+    )  # fmt: skip
+    assert bad.exit_code == 2 and "confidence must be in (0, 1), got 1.5" in bad.output
     taken = runner.invoke(app, ["calibrate", "--runs", *map(str, healthy_fresh), "--out", str(out)])
     assert taken.exit_code == 2 and "not empty" in taken.output
 
