@@ -437,7 +437,11 @@ class Guard:
         )
 
     def _tensor_norms(self) -> torch.Tensor:
-        """Every trainable tensor's gradient norm (0 without a gradient), on the device."""
+        """Every trainable tensor's gradient norm (0 without a gradient), on the device:
+        the probe's, from its one pass over the gradients, where it measured them."""
+        shared = self.probe.tensor_norms
+        if shared is not None and len(shared) == len(self.params):
+            return shared
         grads = [p.grad for p in self.params]
         present = [g for g in grads if g is not None]
         if not present:
@@ -627,6 +631,8 @@ class Guard:
         if self.qk is None or self.rank != 0 or probe_pass is None or decision.rescue:
             return {}
         if self.policy.qk_clip == "watch" and LEVELS.index(decision.level) < 1:
+            return {}
+        if self.policy.qk_clip == "rescue" and not self.rescues:
             return {}
         return self.qk.plan(probe_pass.attention)
 

@@ -14,7 +14,9 @@ key                   meaning
 ====================  =========================================================
 
 Per-tensor norms come from ``torch._foreach_norm`` (one fused kernel per device and
-dtype); everything stays on the device until the probe's single sync.
+dtype); everything stays on the device until the probe's single sync. The per-tensor
+norms stay on as ``tensor_norms`` for the step: the guard clips and keeps its gradient
+history from them, so a guarded step makes one pass over the gradients, not two.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class GradientFamily(SignalFamily):
         self._bottom_ids: frozenset[int] = frozenset()
         self._index_key: tuple | None = None
         self._index_cache: tuple = (None, None)
+        # this step's per-tensor gradient norms (unscaled; 0 without a gradient), or None
+        self.tensor_norms: torch.Tensor | None = None
+        self._spread_key: tuple | None = None
+        self._spread_index: torch.Tensor | None = None
 
     def _layout(self, state: ProbeState, params: list[torch.nn.Parameter]) -> None:
         key = (tuple(id(b) for b in state.blocks), id(state.bottom_block), len(params))
@@ -75,20 +81,23 @@ class GradientFamily(SignalFamily):
         params = [p for p in state.model.parameters() if p.requires_grad]
         self._layout(state, params)
         with_grad = [p for p in params if p.grad is not None]
+        self.tensor_norms = None
         if not with_grad:
             self._values = {"bottom_grad_norm": math.nan if state.bottom_block is None else 0.0}
             return self
         grads = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in with_grad]
         device = grads[0].device
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-        squares = torch.stack([n.to(device) for n in norms]).square()
+        stacked = torch.stack(norms if self._one_device(norms) else [n.to(device) for n in norms])
+        squares = stacked.square()
         unscale = unscale_factor(state.scaler, state.optimizer)
+        self.tensor_norms = self._spread(stacked if unscale is None else stacked * unscale, params)
         unscale = 1.0 if unscale is None else unscale.to(device)
 
         total = squares.sum().sqrt()
         values: dict[str, torch.Tensor | float] = {
             "grad_norm": total * unscale,
-            "grad_nonfinite": self._nonfinite(grads, total),
+            "grad_nonfinite": self._nonfinite(grads, total, state.host_reads),
         }
         layer_index, bottom_index = self._indices(with_grad, device)
         if layer_index is not None:
@@ -104,16 +113,38 @@ class GradientFamily(SignalFamily):
         return self
 
     @staticmethod
-    def _nonfinite(grads: list[torch.Tensor], total: torch.Tensor) -> torch.Tensor | float:
+    def _one_device(norms: list[torch.Tensor]) -> bool:
+        first = norms[0].device
+        return all(n.device == first for n in norms)
+
+    def _spread(self, stacked: torch.Tensor, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """Per-tensor norms over every trainable tensor, 0 where a tensor got no gradient
+        (the guard's clipping and gradient history share this pass instead of a second)."""
+        if len(stacked) == len(params):
+            return stacked
+        key = (tuple(p.grad is not None for p in params), stacked.device)
+        if key != self._spread_key:  # cached: a host-to-device copy a step would sync a GPU
+            present = [i for i, p in enumerate(params) if p.grad is not None]
+            self._spread_key = key
+            self._spread_index = torch.tensor(present, device=stacked.device)
+        return stacked.new_zeros(len(params)).index_copy_(0, self._spread_index, stacked)
+
+    @staticmethod
+    def _nonfinite(
+        grads: list[torch.Tensor], total: torch.Tensor, host_reads: bool
+    ) -> torch.Tensor | float:
         """Count NaN/inf gradient elements.
 
         A finite norm means every element is finite. On the CPU, asking the norm first
-        is free (no device to sync with) and skips a pass over every gradient; on a GPU
-        the count runs on the device every step instead, since asking would be a sync.
+        is free (no device to sync with) and skips a pass over every gradient, unless the
+        caller wants no host read before the record (``host_reads``: the guard's deferred
+        facts). Otherwise the count runs on the device in two fused passes: ``g * 0`` is 0
+        where ``g`` is finite and NaN elsewhere, and the 0-norm counts the non-zeros.
         """
-        if total.device.type == "cpu" and bool(torch.isfinite(total)):
+        if host_reads and total.device.type == "cpu" and bool(torch.isfinite(total)):
             return 0.0
-        return sum((~torch.isfinite(g)).sum().to(total.device) for g in grads)
+        counts = torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0, dtype=torch.float32)
+        return torch.stack([c.to(total.device) for c in counts]).sum()
 
     def _indices(
         self, with_grad: list[torch.nn.Parameter], device: torch.device

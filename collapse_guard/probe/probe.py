@@ -137,6 +137,9 @@ class Probe:
         self._writer: Any = None
         self._warned_attention = False
         self.last_pass: ProbePass | None = None  # this step's probe pass (the guard's QK-clip)
+        # False: no host read before the record, not even a free one on the CPU (the
+        # guard's deferred facts: every value stays on the device until after_step_pending)
+        self.host_reads = True
 
     def _module(self, spec: nn.Module | str | None, what: str) -> nn.Module | None:
         if spec is None or isinstance(spec, nn.Module):
@@ -171,8 +174,17 @@ class Probe:
             scaler=self.scaler,
             blocks=self.blocks,
             bottom_block=self.bottom_block,
+            host_reads=self.host_reads,
             **fields,
         )
+
+    @property
+    def tensor_norms(self) -> torch.Tensor | None:
+        """This step's gradient norm of every trainable tensor (0 without a gradient), on
+        the device, once ``after_backward`` measured them; None when the gradient family
+        is not due. The guard clips from these instead of a second pass."""
+        family = self.families[FAMILIES.index(GradientFamily)]
+        return family.tensor_norms if self._due(family) else None
 
     def after_backward(self, loss: torch.Tensor | float | None = None) -> None:
         """Call after ``loss.backward()`` (the last micro-batch's), before clipping/step."""
@@ -193,6 +205,17 @@ class Probe:
 
     def after_step(self) -> dict[str, float]:
         """Call after ``optimizer.step()``; returns every signal (NaN = not measured)."""
+        step = self.step
+        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
+        record.update(to_floats(self.after_step_pending()))  # the step's one sync point
+        if self._writer is not None:
+            self._writer.append(step, record)
+        return record
+
+    def after_step_pending(self) -> dict[str, torch.Tensor | float]:
+        """:meth:`after_step` without its sync: the step's values as they lie (device
+        tensors, NaN floats), for a caller that reads them later (the guard, a step on).
+        A probe recording with :meth:`record_to` records nothing from this call."""
         due = [family for family in self.families if self._due(family)]
         lr = self.optimizer.param_groups[0]["lr"]
         # a tensor lr (capturable optimizers) costs a sync here; plain floats do not
@@ -221,15 +244,11 @@ class Probe:
         pending: dict[str, torch.Tensor | float] = {}
         for family in due:
             pending.update(family.pending())
-        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
-        record.update(to_floats(pending))  # the step's one sync point
         for family in self.families:
             family.clear()
-        if self._writer is not None:
-            self._writer.append(self.step, record)
         self.step += 1
         self._loss = None
-        return record
+        return pending
 
     def _warn_unreached(self, why: str) -> None:
         """Once: the attention signals are NaN, and why. A model without a submodule named

@@ -61,6 +61,9 @@ class ProbeState:
     probe_pass: Any = None  # capture.ProbePass of this step's probe-batch pass, if any
     loss_closure: Callable[[], torch.Tensor] | None = None  # for sharpness
     lr: float = math.nan  # first param group's lr, read after the step
+    # False: no host read before after_step's record, even where one is free (the CPU):
+    # the guard's deferred facts keep every value on the device until the next step
+    host_reads: bool = True
 
 
 class SignalFamily:

@@ -43,6 +43,7 @@ class UpdateFamily(SignalFamily):
         super().reset()
         self._param_ids: tuple[int, ...] = ()
         self._index: list[torch.Tensor | None] = []  # per tensor: sketch coordinates
+        self._flat_index: torch.Tensor | None = None  # the same, into the concatenation
         self._segment: torch.Tensor | None = None  # sketch position -> tensor number
         self._weights: torch.Tensor | None = None  # tensor numbers counted by update_ratio
         self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
@@ -71,17 +72,41 @@ class UpdateFamily(SignalFamily):
                 self._index.append(index.to(p.device))
                 segments.append(torch.full((size,), number))
         self._segment = torch.cat(segments).to(device)
+        self._flat_index = self._flat(params) if device.type != "cpu" else None
         weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
         self._weights = torch.tensor(weights, device=device)
         self._flips = torch.zeros(self.config.flip_window, len(params), device=device)
 
     def _sketch(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """The sketch's coordinates of ``params``, as one float32 vector.
+
+        On an accelerator, one gather over one flat index into the concatenated
+        parameters: two kernels whatever the number of tensors (a launch costs more
+        than the copy there). On the CPU, where a launch is a function call and the
+        copy is the cost, one ``index_select`` per tensor: 0.38 ms against 4.7 ms for
+        the 6-layer d256 model's 77 tensors (and 0.18 against 0.18 ms for the demo's 29).
+        """
+        flats = [p.detach().reshape(-1) for p in params]
+        if self._flat_index is not None:
+            return torch.cat(flats).index_select(0, self._flat_index).float()
         device = self._segment.device
-        parts = []
-        for p, index in zip(params, self._index, strict=True):
-            flat = p.detach().reshape(-1)
-            parts.append((flat if index is None else flat[index]).to(device, torch.float32))
+        parts = [
+            (flat if index is None else flat.index_select(0, index)).to(device, torch.float32)
+            for flat, index in zip(flats, self._index, strict=True)
+        ]
         return torch.cat(parts)
+
+    def _flat(self, params: list[torch.nn.Parameter]) -> torch.Tensor | None:
+        """The sketch's positions in the parameters laid end to end (None unless every
+        tensor lies on one device with one dtype: the concatenation needs both)."""
+        if len({(p.device, p.dtype) for p in params}) != 1:
+            return None
+        parts, offset = [], 0
+        for p, index in zip(params, self._index, strict=True):
+            at = torch.arange(p.numel()) if index is None else index.cpu()
+            parts.append(at + offset)
+            offset += p.numel()
+        return torch.cat(parts).to(params[0].device)
 
     def _per_tensor(self, values: torch.Tensor, n_tensors: int) -> torch.Tensor:
         return torch.zeros(n_tensors, device=values.device).index_add_(0, self._segment, values)

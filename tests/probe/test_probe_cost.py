@@ -1,0 +1,110 @@
+"""The probe's per-step cost: one pass over the gradients shared with the guard, the
+sketch's flat gather equal to its per-tensor one, the non-finite count on the device."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import warnings
+
+import pytest
+import torch
+from probe_models import Layered, tiny_gpt, token_batches
+
+from collapse_guard.guard import Guard
+from collapse_guard.probe import Probe
+from collapse_guard.probe.updates import UpdateFamily
+
+
+def test_tensor_norms_cover_every_trainable_tensor_with_zero_for_no_gradient():
+    model = Layered(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    probe = Probe(model, optimizer)
+    model.layers[0].weight.grad = torch.full_like(model.layers[0].weight, 2.0)
+    model.layers[2].weight.grad = torch.full_like(model.layers[2].weight, -1.0)
+    probe.after_backward(torch.tensor(1.0))
+    params = [p for p in model.parameters() if p.requires_grad]
+    expected = [p.grad.norm().item() if p.grad is not None else 0.0 for p in params]
+    assert probe.tensor_norms.tolist() == pytest.approx(expected, rel=1e-6)
+    assert expected.count(0.0) == len(params) - 2  # the gap is there, and filled with 0
+
+
+def test_a_guarded_step_makes_one_norm_pass_over_the_gradients(monkeypatch):
+    model = tiny_gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # preflight: a toy set-up
+        guard = Guard(model, optimizer, tempfile.mkdtemp(), risk="off", record=False)
+    grads_seen = []
+    real = torch._foreach_norm
+
+    def counting(tensors, *args, **kwargs):
+        grad_ids = {id(p.grad) for p in model.parameters() if p.grad is not None}
+        grads_seen.append(sum(id(t) in grad_ids for t in tensors))
+        return real(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counting)
+    for x, y in token_batches(3):
+        _, loss = model(x, y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad()
+    guard.close()
+    # before: two passes over the 26 gradients a step (the probe's and the guard's)
+    n_grads = sum(1 for p in model.parameters() if p.requires_grad)
+    assert [n for n in grads_seen if n] == [n_grads] * 3
+
+
+def test_flat_gather_gives_the_per_tensor_sketch_bit_for_bit():
+    model = tiny_gpt()
+    params = [p for p in model.parameters() if p.requires_grad]
+    family = UpdateFamily()
+    family._setup(params)
+    assert family._flat_index is None  # the CPU takes the per-tensor path
+    per_tensor = family._sketch(params)
+    family._flat_index = family._flat(params)  # the accelerators' path, forced here
+    flat = family._sketch(params)
+    assert len(flat) == len(per_tensor) == len(family._segment)
+    assert torch.equal(flat, per_tensor)
+
+
+@pytest.mark.parametrize("host_reads", [True, False])
+def test_nonfinite_count_is_the_same_on_the_host_path_and_the_device_path(host_reads):
+    model = Layered(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    probe = Probe(model, optimizer)
+    probe.host_reads = host_reads
+    values = [math.inf, math.nan, 1.0]
+    for layer, value in zip(model.layers, values, strict=True):
+        layer.weight.grad = torch.full_like(layer.weight, value)
+    model.layers[2].weight.grad[0, 0] = -math.inf
+    probe.after_backward(torch.tensor(1.0))
+    optimizer.step()
+    record = probe.after_step()
+    per_layer = model.layers[0].weight.numel()
+    assert record["grad_nonfinite"] == 2 * per_layer + 1
+
+
+def test_after_step_pending_holds_the_same_values_as_after_step():
+    records = []
+    for pending in (False, True):
+        model = tiny_gpt()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        probe = Probe(model, optimizer)
+        for batch in token_batches(2):
+            x, y = batch
+            _, loss = model(x, y)
+            loss.backward()
+            probe.after_backward(loss)
+            optimizer.step()
+            if pending:
+                raw = probe.after_step_pending()
+                record = {k: float(v) for k, v in raw.items()}
+            else:
+                record = probe.after_step()
+            optimizer.zero_grad()
+        records.append(record)
+    plain, later = records
+    assert set(later) <= set(plain)
+    for key, value in later.items():
+        assert value == plain[key] or (math.isnan(value) and math.isnan(plain[key])), key
