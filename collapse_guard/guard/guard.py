@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard import ddp
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, save_atomic
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
@@ -205,7 +206,8 @@ class Guard:
         self.loss_history = OutlierHistory(p.outlier_history, p.outlier_min_history)
         self.grad_history = OutlierHistory(p.outlier_history, p.outlier_min_history)
         self.online = OnlineLabel(p.collapse_confirm_steps)
-        self.window: deque[tuple[int, list[float]]] = deque(maxlen=self.window_size)
+        self.window = SignalRing(self.window_size, SIGNAL_NAMES)  # preallocated: no rows
+        # of lists, no DataFrame; scored through the extractor's array path
         self.lr_in_force = math.nan  # group 0's LR at the last applied update
         if self.context is not None:
             self.context.reset()
@@ -215,8 +217,7 @@ class Guard:
             "loss_history": self.loss_history.state_dict(),
             "grad_history": self.grad_history.state_dict(),
             "online": self.online.state_dict(),
-            "window_steps": [s for s, _ in self.window],
-            "window": [row for _, row in self.window],
+            **dict(zip(("window_steps", "window"), self.window.state(), strict=True)),
             "context": self.context.state_dict() if self.context is not None else None,
             "lr_in_force": self.lr_in_force,
         }
@@ -225,8 +226,7 @@ class Guard:
         self.loss_history.load_state_dict(state["loss_history"])
         self.grad_history.load_state_dict(state["grad_history"])
         self.online.load_state_dict(state["online"])
-        rows = zip(state["window_steps"], state["window"], strict=True)
-        self.window = deque(((int(s), list(r)) for s, r in rows), maxlen=self.window_size)
+        self.window.load(state["window_steps"], state["window"])
         if self.context is not None and state["context"] is not None:
             self.context.load_state_dict(state["context"])
         self.lr_in_force = float(state.get("lr_in_force", math.nan))
@@ -620,8 +620,8 @@ class Guard:
         self.step_index += 1  # a checkpoint holds the state *after* step s: resume at s + 1
         if decision.checkpoint and not decision.rescue:
             self._checkpoint()
-        if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and self.window:
-            self.risk.submit(s, self._window_frame(), self.context.get())
+        if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and len(self.window):
+            self.risk.submit(s, self.window.window(), self.context.get())
 
     def _qk_plan(self, decision: GuardDecision) -> QKPlan:
         """Rank 0's QK-clip plan from this step's probe pass ({} without one, after a
@@ -678,19 +678,12 @@ class Guard:
         calm = applied and not open_excursion and decision.level != "critical"
         self.quiet_steps = self.quiet_steps + 1 if calm else 0
         if not decision.rescue:
-            self.window.append((s, [record[k] for k in SIGNAL_NAMES]))
+            self.window.append(s, [record[k] for k in SIGNAL_NAMES])
             if self.context is not None:
                 self.context.update(s, record)
 
     def _log(self, s: int, events: Iterable[str]) -> None:
         self.events.extend((s, e) for e in events)
-
-    def _window_frame(self):
-        import pandas as pd
-
-        frame = pd.DataFrame([row for _, row in self.window], columns=list(SIGNAL_NAMES))
-        frame.insert(0, "step", [s for s, _ in self.window])
-        return frame
 
     # ------------------------------------------------------ checkpoint, rescue
     def _full_state(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collapse_guard.guard.policy import LEVELS
-from collapse_guard.predictor.hold import RiskHold
+from collapse_guard.predictor.core.hold import RiskHold
 
 __all__ = [
     "MAX_HOLD_STEPS",
@@ -138,7 +138,7 @@ class EmbeddedRisk:
 
     def __init__(self, model: Any = None) -> None:
         if model is None:
-            from collapse_guard.predictor import RiskModel  # lightgbm: only when used
+            from collapse_guard.predictor.core.risk import RiskModel  # lightgbm: only when used
 
             model = RiskModel.load()
         self.model = model
@@ -149,8 +149,13 @@ class EmbeddedRisk:
         self._latest: RiskReading | None = None
 
     def score(self, step: int, frame: Any, context: dict[str, float] | None) -> RiskReading:
+        from collapse_guard.features.ring import SignalWindow, window_risk
+
         with self._lock:
-            p = self.model.predict_window(frame, context=context)
+            if isinstance(frame, SignalWindow):  # the guard's ring: the extractor's array path
+                p = window_risk(self.model, frame, context)
+            else:
+                p = self.model.predict_window(frame, context=context)
             level = self.model.level(p)
             return RiskReading(step, p, level, self.source, self.hold_steps)
 
@@ -265,7 +270,7 @@ class ServiceRisk:
         return self._levels[version]
 
     def _checked_level(self, p: float, level: str, version: Any, reason: Any = None) -> str:
-        from collapse_guard.predictor.levels import level_of  # numpy only
+        from collapse_guard.predictor.core.levels import level_of  # numpy only
 
         thresholds = self._thresholds_of(version)
         if thresholds is None:
@@ -307,7 +312,7 @@ def make_risk_source(
     if risk == "off":
         return None
     if isinstance(risk, (str, os.PathLike)) and not str(risk).startswith(("http://", "https://")):
-        from collapse_guard.predictor.model_source import load_risk_model
+        from collapse_guard.predictor.core.model_source import load_risk_model
 
         if not (Path(risk).is_dir() or str(risk).startswith(("models:/", "runs:/"))):
             raise ValueError(
