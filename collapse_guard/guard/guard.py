@@ -32,8 +32,18 @@ group just before the optimizer step and the loop's own LR is put back right aft
 it holds whether the loop sets ``group["lr"]`` every step or a scheduler does (chainable
 schedulers read ``group["lr"]`` and must not see the multiplier).
 
-The guard's one host sync a step reads the loss and the gradient norm, which the
-decision needs before the update; the probe's own sync comes with ``after_step``.
+Host syncs. With ``sync="step"`` (the CPU's default) a step reads its loss and
+gradient norm before the update (one sync) and the probe's record after it (one more).
+With ``sync="deferred"`` (the default on a GPU with a fused Adam, AdamW or SGD) a healthy
+step reads nothing: the device gates the update by the reactive rules
+(``device_gate.py``; same rules, same float64 arithmetic, so the same verdict), and the
+step's facts and record reach the host through a non-blocking copy that the next step
+reads and books (``_settle``). Steps that still sync, and why (``_healthy_decision``):
+a checkpoint (parameters read for finiteness), warn or critical (outlier layers clipped
+by their norms), the first step after a rollback and data-fault mode (their rules read
+this very loss), layer caps left by a rescue, a forced action, stale gradients, AMP (the
+scaler's own skip), QK-clip and DDP (rank 0's decision is broadcast). A rescue found a
+step late rolls back at the next step, whose backward is then discarded.
 """
 
 from __future__ import annotations
@@ -57,6 +67,13 @@ from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard import ddp
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, save_atomic
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
+from collapse_guard.guard.device_gate import (
+    GateBands,
+    HostCopy,
+    can_skip_on_device,
+    gated_step,
+    skip_flag,
+)
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import LEVELS, GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
@@ -100,6 +117,12 @@ class Guard:
         qk_layouts: where the q and k heads of attention modules the guard cannot read
             are (``GuardPolicy.qk_clip``): module name -> ``QKLayout``, or a callable
             ``(name, module) -> QKLayout | None``.
+        sync: when the host reads a step's loss and gradient norm. ``"step"``: at the
+            step, before the update (one sync a step). ``"deferred"``: at the next step;
+            the device gates the update by the reactive rules (the optimizer must skip on
+            the device: ``fused=True`` Adam, AdamW or SGD), so a healthy step does not
+            sync; a rescue then comes one step later. ``"auto"``: deferred for such an
+            optimizer on a GPU, else ``"step"`` (on the CPU a read costs no stall).
     """
 
     def __init__(
@@ -118,6 +141,7 @@ class Guard:
         timeout: float = 2.0,
         preflight: bool = True,
         qk_layouts: QKMapping = None,
+        sync: str = "auto",
     ) -> None:
         if isinstance(config, Mapping):
             config = GuardPolicy.from_dict(config)
@@ -133,6 +157,10 @@ class Guard:
             _check_pair(model, optimizer)  # else the probe says what the type should be
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.probe = Probe(model, optimizer, probe_config, scaler=scaler)
+        self._defer = _deferred_sync(sync, model, optimizer)
+        self._pending: tuple | None = None  # a deferred step's facts, booked at the next call
+        self._discard_next = False  # the rescue of a deferred step: the backward made since
+        # ran at the weights it replaced
         self._attention_every = probe_config.attention_every
         on = self.policy.qk_clip != "off"
         self.qk = QKClip(model, self.policy.qk_clip_tau, qk_layouts) if on else None
@@ -251,6 +279,7 @@ class Guard:
 
     def state_dict(self) -> dict[str, Any]:
         """The guard's own state (plain values: loads with ``weights_only=True``)."""
+        self._settle()  # a deferred step belongs to the state it left
         run = {key: getattr(self, key) for key in self._RUN_KEYS}
         run["qk_clips"] = self.qk_clips
         run["qk_pending"] = {name: [list(q), list(k)] for name, (q, k) in self.qk_pending.items()}
@@ -267,6 +296,7 @@ class Guard:
                 f"guard state version {state.get('version')!r}, this code reads "
                 f"{STATE_VERSION}; resume with the collapse-guard release that saved it"
             )
+        self._pending, self._discard_next = None, False  # the state replaces that step
         for key in self._RUN_KEYS:
             setattr(self, key, state["run"][key])
         # absent in checkpoints saved before QK-clip
@@ -355,30 +385,45 @@ class Guard:
 
     # ------------------------------------------------------------------ step
     def step(self, loss: torch.Tensor | float) -> GuardDecision:
-        """Measure, decide and act for one optimizer step (module docstring)."""
+        """Measure, decide and act for one optimizer step (module docstring).
+
+        A deferred step (``sync="deferred"``) returns the decision its healthy facts give;
+        the decision it is booked with (events, run file) is made at the next call.
+        """
         if self._closed:
             raise RuntimeError("guard.step() after guard.close(); create a new Guard")
         loss_t = _scalar_loss(loss)
+        self._settle()  # the last step's facts, if it was deferred: before anything reads state
         s = self.step_index
         stale = self._stale_gradients()  # before unscale_, which writes the gradients
+        if self._discard_next and not stale:
+            stale = "after_rescue"  # this backward ran at the weights the rollback replaced
+        self._discard_next = False
         self.loop_lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         self._poll_risk()
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
+        healthy = self._healthy_decision(s, stale)
+        self.probe.host_reads = healthy is None
         self.probe.after_backward(loss)
         norms = self._tensor_norms()
         total = torch.linalg.vector_norm(norms) if len(norms) else torch.zeros(())
-        loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync point
-        if not stale and grad_norm == 0.0:
-            stale = "zero_gradients"  # zero_grad() without a backward, or a loss of no parameter
-        if stale:
-            self._warn_stale(stale)
-        decision, qk_plan = ddp.share(
-            (self._decide(s, loss_value, grad_norm, norms, stale), self.qk_pending)
-            if self.rank == 0
-            else None
-        )
-        self._apply(decision, grad_norm, norms, qk_plan)
+        if healthy is not None:
+            decision = healthy
+            self._apply_deferred(healthy, loss_t, total, norms)
+        else:
+            loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync
+            if not stale and grad_norm == 0.0:
+                stale = "zero_gradients"  # zero_grad() without a backward, or a loss of no
+                # parameter
+            if stale and stale != "after_rescue":
+                self._warn_stale(stale)
+            decision, qk_plan = ddp.share(
+                (self._decide(s, loss_value, grad_norm, norms, stale), self.qk_pending)
+                if self.rank == 0
+                else None
+            )
+            self._apply(decision, grad_norm, norms, qk_plan)
         self._grad_marks = [
             (weakref.ref(p.grad), p.grad._version) if p.grad is not None else (None, 0)
             for p in self.params
@@ -470,7 +515,28 @@ class Guard:
             self.online.update(s, loss_value)
         elevated = self.level in ("warn", "critical")
         outliers = self.history.outliers(norms, self.policy.layer_outlier_ratio) if elevated else {}
-        facts = StepFacts(
+        facts = self._facts(s, loss_value, grad_norm, tuple(outliers), stale)
+        decision = decide(facts, self.policy)
+        decision = self._forced_decision(decision)
+        if decision.checkpoint and not decision.rescue:
+            decision = self._checkable(decision)
+        if decision.rescue:
+            p = self.policy
+            paths = tuple(str(x) for x in self.ring.basin(p.average_span, p.average_loss_gap))
+            if decision.reason.startswith("average_worse"):
+                paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
+            decision = replace(decision, rollback_to=paths)
+        return decision
+
+    def _facts(
+        self,
+        s: int,
+        loss_value: float,
+        grad_norm: float,
+        outliers: tuple[str, ...] = (),
+        stale: str = "",
+    ) -> StepFacts:
+        return StepFacts(
             step=s,
             loss=loss_value,
             grad_norm=grad_norm,
@@ -483,7 +549,7 @@ class Guard:
             skip_streak=self.skip_streak,
             collapse_online=self.online.collapsed(s),
             rescues=self.rescues,
-            layer_outliers=tuple(outliers),
+            layer_outliers=outliers,
             since_checkpoint=s - self.last_checkpoint,
             quiet_steps=self.quiet_steps,
             amp_overflow=self._amp_overflow(),
@@ -494,17 +560,6 @@ class Guard:
             clean_steps=self.clean_steps,
             stale_gradients=stale,
         )
-        decision = decide(facts, self.policy)
-        decision = self._forced_decision(decision)
-        if decision.checkpoint and not decision.rescue:
-            decision = self._checkable(decision)
-        if decision.rescue:
-            p = self.policy
-            paths = tuple(str(x) for x in self.ring.basin(p.average_span, p.average_loss_gap))
-            if decision.reason.startswith("average_worse"):
-                paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
-            decision = replace(decision, rollback_to=paths)
-        return decision
 
     def _checkable(self, decision: GuardDecision) -> GuardDecision:
         """``decision`` without its checkpoint where a parameter is not finite: a NaN in a
@@ -568,29 +623,15 @@ class Guard:
     ) -> None:
         """Execute ``decision`` (and rank 0's QK-clip plan): the only place where the guard
         changes training."""
-        s = self.step_index
         if decision.give_up:
-            self._log(s, decision.events)
-            self.close()
-            raise GuardGaveUp(
-                f"step {s}: the run collapsed again ({decision.reason}) after "
-                f"{self.rescues} rescues (GuardPolicy.max_rescues={self.policy.max_rescues}); "
-                f"stopping instead of looping. Forensics of each rescue are in {self.folder}/"
-                "forensics; lower the LR, check the data (a loss that rises again after every "
-                "rollback can be the data going bad), or raise max_rescues to keep trying"
-            )
+            self._give_up(decision)
         self.lr_multiplier = decision.lr_multiplier
-        self.after_rollback = False
+        if decision.reason != "after_rescue":  # that step trained nothing: the next one is
+            self.after_rollback = False  # the first at the restored weights
         saved = None
         if decision.apply_update and not decision.rescue:
             self._clip(decision, grad_norm, norms)
-            saved = [group["lr"] for group in self.optimizer.param_groups]
-            factor = decision.lr_multiplier
-            if saved[0] * factor > self.lr_ceiling:  # the cap of the rescues
-                factor = self.lr_ceiling / saved[0]
-            self.lr_in_force = saved[0] * factor
-            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
-                group["lr"] = lr * factor
+            saved = self._lr_with_multiplier(decision)
             if self.scaler is not None and self.scaler.is_enabled():
                 self.scaler.step(self.optimizer)
             else:
@@ -601,11 +642,50 @@ class Guard:
         record = self.probe.after_step()  # `lr` is the LR in force, multiplier included
         self.qk_pending = self._qk_plan(decision)
         if saved is not None:
-            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
-                group["lr"] = lr
-            warning = self._warmup.add(saved[0]) if self._warmup is not None else None
-            if warning and self.rank == 0:
-                warnings.warn(f"collapse-guard preflight: {warning}", UserWarning, stacklevel=3)
+            self._restore_lr(saved)
+        self._book(decision, norms, record, clipped)
+
+    def _give_up(self, decision: GuardDecision) -> None:
+        s = self.step_index
+        self._log(s, decision.events)
+        self.close()
+        raise GuardGaveUp(
+            f"step {s}: the run collapsed again ({decision.reason}) after "
+            f"{self.rescues} rescues (GuardPolicy.max_rescues={self.policy.max_rescues}); "
+            f"stopping instead of looping. Forensics of each rescue are in {self.folder}/"
+            "forensics; lower the LR, check the data (a loss that rises again after every "
+            "rollback can be the data going bad), or raise max_rescues to keep trying"
+        )
+
+    def _lr_with_multiplier(self, decision: GuardDecision) -> list[float]:
+        """Set every group's LR to the loop's x the level's multiplier (under the rescues'
+        cap) for the optimizer step; returns the loop's LRs, to put back after it."""
+        saved = [group["lr"] for group in self.optimizer.param_groups]
+        factor = decision.lr_multiplier
+        if saved[0] * factor > self.lr_ceiling:  # the cap of the rescues
+            factor = self.lr_ceiling / saved[0]
+        self.lr_in_force = saved[0] * factor
+        for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr * factor
+        return saved
+
+    def _restore_lr(self, saved: list[float], warmup: bool = True) -> None:
+        for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr
+        if warmup:
+            self._check_warmup(saved[0])
+
+    def _check_warmup(self, lr: float) -> None:
+        warning = self._warmup.add(lr) if self._warmup is not None else None
+        if warning and self.rank == 0:
+            warnings.warn(f"collapse-guard preflight: {warning}", UserWarning, stacklevel=4)
+
+    def _book(
+        self, decision: GuardDecision, norms: torch.Tensor, record: dict, clipped: list[str]
+    ) -> None:
+        """What follows the update: history, counts, the rescue, the run file's row, the
+        checkpoint and the risk request of step ``step_index``, which then moves on."""
+        s = self.step_index
         # the step's norms join the history now: the decision and the clipping judged them
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
@@ -622,6 +702,94 @@ class Guard:
             self._checkpoint()
         if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and len(self.window):
             self.risk.submit(s, self.window.window(), self.context.get())
+
+    # ------------------------------------------------------- deferred facts
+    def _healthy_decision(self, s: int, stale: str) -> GuardDecision | None:
+        """Step ``s``'s decision if its loss and gradients are healthy, where nothing else
+        needs them before the update (then the device gates the update and the host reads
+        the facts at the next step); None where this step reads its facts now.
+
+        Read now (one sync): ``sync="step"``; DDP (rank 0's decision is broadcast); AMP
+        (the scaler's own skip); QK-clip; a stale step; a forced action; warn or critical
+        (outlier layers are clipped by their norms); the first step after a rollback and
+        data-fault mode (their rules read this step's loss); layer caps from a rescue; and
+        every step that checkpoints (the parameters are read for finiteness).
+        """
+        if not self._defer or stale or self._forced is not None or self.qk is not None:
+            return None
+        if self.level not in ("ok", "watch") or self.after_rollback or self.data_fault:
+            return None
+        amp = self.scaler is not None and self.scaler.is_enabled()
+        if amp or self.layer_bounds or ddp.is_distributed():
+            return None
+        facts = replace(self._facts(s, 0.0, 1.0), loss_z=math.nan, grad_z=math.nan)
+        decision = decide(replace(facts, collapse_online=False), self.policy)
+        return decision if decision.apply_update and not decision.checkpoint else None
+
+    def _gate_bands(self, s: int) -> GateBands:
+        p = self.policy
+        z = p.critical_outlier_z if self.level == "critical" else p.outlier_z
+        if self.skip_streak >= p.max_outlier_skips and not self._lr_jumped():
+            z = math.inf  # outliers are accepted now (decision.py); after an LR jump they rescue
+        online = self.online
+        return GateBands(
+            self.loss_history.band(),
+            self.grad_history.band(),
+            z,
+            online.smoothed,
+            online.alpha,
+            online.collapse_line(s),
+        )
+
+    def _apply_deferred(
+        self, decision: GuardDecision, loss: torch.Tensor, total: torch.Tensor, norms
+    ) -> None:
+        """The update of a healthy-looking step, gated on the device by the reactive rules;
+        its facts go to the host for :meth:`_settle`, with no sync now."""
+        skip = skip_flag(loss, total, self._gate_bands(self.step_index))
+        if decision.clip_to > 0:  # _clip's global clipping, on the device, same float ops
+            total64 = total.double()  # a full tensor divided, not scalar / tensor (torch's
+            # reciprocal-then-multiply rounds differently from the host's division)
+            coef = torch.full_like(total64, decision.clip_to) / (total64 + 1e-6)
+            coef = torch.where(total64 > decision.clip_to, coef, 1.0).float()
+            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
+        in_force = self.lr_in_force
+        saved = self._lr_with_multiplier(decision)
+        gated_step(self.optimizer, skip)
+        self._restore_lr(saved, warmup=False)  # the warm-up check counts applied steps
+        applied_lr, self.lr_in_force = self.lr_in_force, in_force
+        facts = {"__loss": loss, "__grad_norm": total, "__skip": skip}
+        pending = self.probe.after_step_pending()
+        self._pending = (norms, HostCopy({**facts, **pending}), saved[0], applied_lr)
+
+    def _settle(self) -> None:
+        """Book the deferred step: read its facts (a step late: no stall), decide it as
+        the host would have, and book it. Its decision is that of a step read at once:
+        the device's gate applied exactly the rules that skip or rescue (asserted here).
+        A rescue rolls back now; the backward already made at the replaced weights is
+        then discarded (``skip:after_rescue``)."""
+        if self._pending is None:
+            return
+        norms, copy, loop_lr, applied_lr = self._pending
+        self._pending = None
+        values = copy.read()
+        loss_value, grad_norm = values.pop("__loss"), values.pop("__grad_norm")
+        skipped = values.pop("__skip") > 0
+        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
+        record.update(values)
+        stale = "zero_gradients" if grad_norm == 0.0 else ""
+        if stale:
+            self._warn_stale(stale)
+        decision = self._decide(self.step_index, loss_value, grad_norm, norms, stale)
+        assert skipped == (not decision.apply_update), (decision, loss_value, grad_norm)
+        if decision.give_up:
+            self._give_up(decision)
+        self.lr_multiplier = decision.lr_multiplier
+        if decision.apply_update:
+            self.lr_in_force = applied_lr
+            self._check_warmup(loop_lr)
+        self._book(decision, norms, record, [])
+        self._discard_next = decision.rescue
 
     def _qk_plan(self, decision: GuardDecision) -> QKPlan:
         """Rank 0's QK-clip plan from this step's probe pass ({} without one, after a
@@ -781,6 +949,7 @@ class Guard:
         """Flush the run file (events in its metadata too) and stop the risk source."""
         if self._closed:
             return
+        self._settle()
         self._closed = True
         if self.risk is not None:
             self.risk.close()
@@ -815,6 +984,24 @@ def _scalar_loss(loss: Any) -> torch.Tensor:
         f"guard.step(loss): the loss must be a scalar tensor (or a number), got "
         f"{type(loss).__name__} {loss!r:.60}; pass the tensor you called backward() on"
     )
+
+
+def _deferred_sync(sync: str, model: nn.Module, optimizer: Any) -> bool:
+    """Whether the guard reads a step's facts a step later (``Guard``'s ``sync``)."""
+    modes = ("auto", "step", "deferred")
+    if sync not in modes:
+        raise ValueError(f"sync must be one of {modes}, got {sync!r}")
+    on_device = can_skip_on_device(optimizer)
+    if sync == "deferred" and not on_device:
+        raise ValueError(
+            f"sync='deferred' needs an optimizer that skips an update on the device (takes "
+            f"a found_inf tensor); {type(optimizer).__name__} here does not. Build it with "
+            "fused=True (torch's Adam, AdamW, SGD), or use sync='step'"
+        )
+    if sync == "auto":
+        first = next(iter(model.parameters()), None) if isinstance(model, nn.Module) else None
+        return on_device and first is not None and first.device.type == "cuda"
+    return sync == "deferred"
 
 
 def _check_pair(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -30,15 +30,22 @@ class OutlierHistory:
         self.size, self.min_count = int(size), int(min_count)
         self.values: deque[float] = deque(maxlen=self.size)
 
-    def z(self, value: float) -> float:
-        """(value - mean) / std of the history; NaN with too little history or none finite."""
+    def band(self) -> tuple[float, float] | None:
+        """(mean, std) of the history that z-scores judge by; None with too little of it."""
         n = len(self.values)
-        if n < max(2, self.min_count) or not math.isfinite(value):
-            return math.nan
+        if n < max(2, self.min_count):
+            return None
         mean = sum(self.values) / n
         var = sum((v - mean) ** 2 for v in self.values) / (n - 1)
         # a floor on std: a flat history (a constant loss) must not make 1e-9 an outlier
-        std = max(math.sqrt(var), 1e-3 * abs(mean), 1e-12)
+        return mean, max(math.sqrt(var), 1e-3 * abs(mean), 1e-12)
+
+    def z(self, value: float) -> float:
+        """(value - mean) / std of the history; NaN with too little history or none finite."""
+        band = self.band()
+        if band is None or not math.isfinite(value):
+            return math.nan
+        mean, std = band
         return (value - mean) / std
 
     def add(self, value: float) -> OutlierHistory:
@@ -59,7 +66,7 @@ class OnlineLabel:
     def __init__(self, confirm_steps: int, rule: LabelRule | None = None) -> None:
         self.rule = rule or LabelRule()
         self.confirm_steps = int(confirm_steps)
-        self._alpha = 1.0 - math.exp(-1.0 / self.rule.smooth_steps)
+        self.alpha = 1.0 - math.exp(-1.0 / self.rule.smooth_steps)  # the EWMA's weight
         self.reset()
 
     def reset(self) -> None:
@@ -78,7 +85,7 @@ class OnlineLabel:
         self.smoothed = (
             loss
             if math.isnan(self.smoothed)
-            else self.smoothed + self._alpha * (loss - self.smoothed)
+            else self.smoothed + self.alpha * (loss - self.smoothed)
         )
         if step < self.rule.settled_from(self.first_step):
             return self
@@ -90,6 +97,22 @@ class OnlineLabel:
             self.excursion_start = None
             self.best = min(self.best, self.smoothed)
         return self
+
+    def collapse_line(self, step: int) -> float:
+        """The smoothed loss above which ``update(step, loss)`` confirms a collapse for a
+        finite loss: ``inf`` when no loss can, ``-inf`` when any does (the device's copy
+        of the rule needs this one number, device_gate.py)."""
+        first = step if self.first_step is None else self.first_step
+        start = self.excursion_start
+        if step < self.rule.settled_from(first):  # update() leaves the excursion as it is
+            return (
+                -math.inf
+                if start is not None and self.open_for(step) >= self.confirm_steps
+                else math.inf
+            )
+        if step - (step if start is None else start) + 1 < self.confirm_steps:
+            return math.inf  # an excursion opening (or open) now is too young to confirm
+        return self.best + self.rule.margin(self.best) if math.isfinite(self.best) else math.inf
 
     def open_for(self, step: int) -> int:
         """Steps the current excursion has lasted at ``step`` (0 when none is open)."""

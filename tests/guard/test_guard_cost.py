@@ -3,10 +3,14 @@ risk as the frame path), and the host reads of a healthy step counted."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 from guard_helpers import Loop, tiny_model
 
+from collapse_guard.datasets.runfile import read_run
 from collapse_guard.features import RunContext
 from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard import Guard
@@ -43,3 +47,106 @@ def test_the_guard_submits_its_ring_and_reads_a_risk_every_risk_every_steps(tmp_
     assert all(0.0 < p < 1.0 for _, p in guard.risk_readings)
     with pytest.raises(ValueError, match="at least one step"):
         SignalRing(0, SIGNAL_NAMES)
+
+
+# ---------------------------------------------------------------- host reads
+_READS = ("item", "tolist", "__float__", "__bool__", "__int__", "cpu", "nonzero")
+
+
+class ReadCounter:
+    """Counts the calls of torch.Tensor methods that read a value to the host (on a GPU
+    each is a sync); ``per_step`` holds one count per guard.step."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.now, self.per_step = 0, []
+        for name in _READS:
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counting(real))
+
+    def _counting(self, real):
+        def counted(tensor, *args, **kwargs):
+            self.now += 1
+            return real(tensor, *args, **kwargs)
+
+        return counted
+
+    def step(self, guard: Guard, loss: torch.Tensor) -> None:
+        self.now = 0
+        guard.step(loss)
+        self.per_step.append(self.now)
+
+
+def _fused_run(tmp_path, sync: str, steps: int, counter=None, poison=None) -> Guard:
+    """A guarded run with fused AdamW; ``poison(step, loss)`` may change a step's loss."""
+    torch.manual_seed(0)
+    model, _ = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+    config = {"checkpoint_every": 1000}  # the first healthy checkpoint only
+    guard = Guard(model, optimizer, tmp_path, risk="off", config=config, sync=sync, preflight=False)
+    loop = Loop()
+    for step in range(steps):
+        x, y = loop.next()
+        _, loss = model(x, y)
+        loss = poison(step, loss) if poison is not None else loss
+        loss.backward()
+        if counter is not None:
+            counter.step(guard, loss)
+        else:
+            guard.step(loss)
+        optimizer.zero_grad()
+    return guard
+
+
+def test_a_healthy_deferred_step_reads_nothing_to_the_host(tmp_path, monkeypatch):
+    counter = ReadCounter(monkeypatch)
+    _fused_run(tmp_path / "deferred", "deferred", 40, counter).close()
+    deferred, counter.per_step = counter.per_step, []
+    _fused_run(tmp_path / "step", "step", 40, counter).close()
+    # read at every step (sync="step"): the guard's loss and norm (.cpu() twice, .tolist()),
+    # the probe's finiteness check of the norm (free on the CPU: bool) and its record
+    # (.tolist()); step 10 checkpoints (healthy_quiet_steps reached) and reads the
+    # parameters' finiteness too (.cpu(), bool)
+    assert counter.per_step == [5] * 10 + [7] + [5] * 29
+    # deferred: nothing, but at the checkpoint, which reads its facts at once (as above);
+    # the attention pass of every 10th step reads nothing either
+    assert deferred == [0] * 10 + [7] + [0] * 29
+
+
+def _same_run(a: Guard, b: Guard) -> None:
+    for p, q in zip(a.params, b.params, strict=True):
+        assert torch.equal(p, q)
+    assert a.events == b.events
+    frame_a, _ = read_run(a.run_path)
+    frame_b, _ = read_run(b.run_path)
+    # the host's free memory is the machine's, read at two moments: not the run's
+    differ = [c for c in frame_a if not frame_a[c].equals(frame_b[c])]
+    assert differ == ["host_mem_available"]
+
+
+def test_deferred_facts_give_the_same_run_as_facts_read_at_once(tmp_path):
+    def outlier(step, loss):
+        return loss * 40.0 if step == 30 else loss  # a loss and gradient far out of band
+
+    runs = [_fused_run(tmp_path / sync, sync, 45, poison=outlier) for sync in ("step", "deferred")]
+    for guard in runs:
+        guard.close()
+    assert [(s, e[:11]) for s, e in runs[0].events if "skip" in e] == [(30, "skip:loss_z")]
+    assert runs[0].skipped == runs[1].skipped == 1
+    _same_run(*runs)  # bit for bit: parameters, events, every row of the run file
+
+
+def test_a_deferred_nonfinite_loss_is_rescued_a_step_later(tmp_path):
+    def nan_at_25(step, loss):
+        return loss * math.nan if step == 25 else loss
+
+    guard = _fused_run(tmp_path, "deferred", 30, poison=nan_at_25)
+    guard.close()
+    at = {step: [e for s, e in guard.events if s == step] for step in (24, 25, 26, 27)}
+    # booked at its own step (the rescue's events), acted on as step 26 begins: the
+    # backward of step 26 ran at the weights the rollback replaced, so it trains nothing
+    assert at[24] == [] and at[25][0] == "rescue:nonfinite_loss"
+    assert at[25][2].startswith("rollback:") and at[26] == ["skip:after_rescue"]
+    assert at[27] == [] and guard.skipped == 1
+    assert guard.rescues == 1 and guard.step_index == 30
+    with pytest.raises(ValueError, match="fused=True"):
+        Guard(*tiny_model(), tmp_path / "x", risk="off", sync="deferred", record=False)
