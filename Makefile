@@ -46,7 +46,7 @@ bench: $(STAMP)
 # It refuses a data set with fewer runs or collapses than the model it replaces: FORCE=1.
 default-model: $(STAMP)
 	$(if $(REAL),,$(error REAL must name a folder of real runs, e.g. make default-model REAL=data/real))
-	$(BIN)/python -m collapse_guard.predictor.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL) $(if $(FORCE),--force)
+	$(BIN)/python -m collapse_guard.predictor.cli.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL) $(if $(FORCE),--force)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,7 +5,7 @@ The other half of the attention-period trade-off (the cost half is
 attention every 10 steps (the probe's default since issue 8); keeping only every P-th
 measurement gives the same runs as if probed every P steps, for P a multiple of 10 (a
 probe every 25 steps cannot be emulated: its steps are mostly not multiples of 10). For
-each P the model-free family lead (``evaluation.family_leads``: the first step in the
+each P the model-free family lead (``family_leads.family_leads``: the first step in the
 200 before onset at which an attention signal leaves the run's own healthy range) is
 computed for every collapse, with the healthy runs as controls. Reported per P: the
 share of collapses whose attention family departed at least 10 steps before onset, their
@@ -24,11 +24,11 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+from family_leads import HEALTHY_CONTROL, family_leads
 
 from collapse_guard.datasets.runfile import list_runs
-from collapse_guard.predictor.evaluation.events import MIN_LEAD
-from collapse_guard.predictor.evaluation.family_leads import HEALTHY_CONTROL, family_leads
-from collapse_guard.predictor.training_data import load_runs
+from collapse_guard.datasets.runs import load_runs
+from collapse_guard.predictor.evaluate.events import MIN_LEAD
 from collapse_guard.signals import SIGNALS
 
 __all__ = ["main", "subsample_attention"]

@@ -12,7 +12,7 @@ is calibrated on the K runs (K = 0: the model as shipped) and scored on the set-
 runs: its other healthy runs and its collapses that develop (``onset_kind`` = develops;
 sudden ones are the guard's reactive path, counted apart). Pooled over set-ups and repeats:
 
-- the 200-step rule (``evaluation.event_metrics``): a collapse caught by an alarm 10-200
+- the 200-step rule (``evaluate.event_metrics``): a collapse caught by an alarm 10-200
   steps before onset; median lead; false alarms per 10k healthy steps;
 - run-level detection: a collapsing run detected by any alarm before onset - 10; the share
   of held-out healthy runs with any alarm episode (a guard acts on an early warning too);
@@ -39,19 +39,19 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md
 
 import numpy as np
 
-from collapse_guard.predictor.baselines import RULE_BASELINES
-from collapse_guard.predictor.evaluation import (
+from collapse_guard.datasets.runs import find_run_files, load_runs
+from collapse_guard.predictor.core.levels import alarm_starts
+from collapse_guard.predictor.core.model_source import load_risk_model
+from collapse_guard.predictor.core.recalibrate import healthy_levels, tail_slope
+from collapse_guard.predictor.core.seen_runs import SeenRuns
+from collapse_guard.predictor.evaluate import (
     ScoredRun,
     evaluate_runs,
     event_metrics,
     row_metrics,
     scored_runs,
 )
-from collapse_guard.predictor.levels import alarm_starts
-from collapse_guard.predictor.model_source import load_risk_model
-from collapse_guard.predictor.recalibrate import healthy_levels, tail_slope
-from collapse_guard.predictor.seen_runs import SeenRuns
-from collapse_guard.predictor.training_data import find_run_files, load_runs
+from collapse_guard.predictor.evaluate.baselines import RULE_BASELINES
 
 MIN_LEAD = 10
 

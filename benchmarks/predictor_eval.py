@@ -19,14 +19,14 @@ Printed:
 2. whether the stored levels hold their budgets on each source within a factor of 2;
 3. caught collapses per kind, cause and onset (``sudden`` apart from ``develops``), and
    per model family / optimizer / data where there are several;
-4. the lead per signal family (``evaluation.family_leads``), and a line per kind missed;
+4. the lead per signal family (``family_leads.family_leads``), and a line per kind missed;
    per optimizer, model family and data, the collapses that develop beside the group's
-   own healthy runs (``evaluation.setup_lead_table``; model-free, over every run given);
+   own healthy runs (``family_leads.setup_lead_table``; model-free, over every run given);
    with ``--separability``, per set-up how well each signal family's best single feature
-   tells pre-collapse rows from healthy ones (``evaluation.separability``);
+   tells pre-collapse rows from healthy ones (``separability``);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
-   each family and the mean beside the baselines (``evaluation.leave_one_group_out``).
+   each family and the mean beside the baselines (``training.holdout.leave_one_group_out``).
 
 Targets (issue 8, held-out families, at the stored `warn` level): recall >= 0.8 of the
 collapses that develop, median lead >= 50 steps, <= 1 false alarm per 10k healthy steps;
@@ -158,7 +158,7 @@ def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[di
     (onset late enough), the model's 'recall (lead)', then per signal family 'share warned
     (median lead)' over the runs where the family has a range ('—': none has); families
     no run measured are left out."""
-    from collapse_guard.predictor.evaluation import HEALTHY_CONTROL, family_lead_table
+    from family_leads import HEALTHY_CONTROL, family_lead_table
 
     if source != "all":
         leads = leads[leads["source"] == source]
@@ -192,8 +192,8 @@ def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[di
 def setup_family_rows(leads, by: str) -> list[dict]:
     """Per set-up group (``by``: optimizer, model_family, data), its collapses that develop
     beside its own healthy runs: runs, then per signal family the share that departed in
-    time (``evaluation.setup_lead_table``); families no run measured are left out."""
-    from collapse_guard.predictor.evaluation import setup_lead_table
+    time (``family_leads.setup_lead_table``); families no run measured are left out."""
+    from family_leads import setup_lead_table
 
     table = setup_lead_table(leads, by=by).dropna(axis=1, how="all")
     return [
@@ -209,7 +209,7 @@ def setup_family_rows(leads, by: str) -> list[dict]:
 
 def separability_rows(table, by: str) -> list[dict]:
     """One row per signal family, one column per group of ``by``: the direction-free
-    ROC-AUC of the family's best single feature there (``evaluation.separability``),
+    ROC-AUC of the family's best single feature there (``separability``),
     then a row of each group's rows (positives)."""
     wide = table.pivot(index="family", columns="group", values="auc")
     rows = [
@@ -229,7 +229,7 @@ def separability_rows(table, by: str) -> list[dict]:
 def missed_lines(report, leads, by: str = "kind", target: float = TARGET_RECALL) -> list[str]:
     """One sentence per kind the model catches less than ``target`` of: which signal
     families departed in time on it, and how often they do on healthy runs."""
-    from collapse_guard.predictor.evaluation import HEALTHY_CONTROL, family_lead_table
+    from family_leads import HEALTHY_CONTROL, family_lead_table
 
     table = family_lead_table(leads, by=by)
     control = table[table[by] == HEALTHY_CONTROL].set_index("family")["share"]
@@ -255,8 +255,8 @@ def missed_lines(report, leads, by: str = "kind", target: float = TARGET_RECALL)
 
 
 def gain_rows(model, k: int) -> list[dict]:
-    """The model's top-``k`` features by gain (``evaluation.feature_gain_table``)."""
-    from collapse_guard.predictor.evaluation import feature_gain_table
+    """The model's top-``k`` features by gain (``importance.feature_gain_table``)."""
+    from importance import feature_gain_table
 
     table = feature_gain_table(model, k)
     return [
@@ -316,9 +316,9 @@ def _print_table(console, title: str, rows: list[dict], markdown: list[str]) -> 
 
 
 def _leads_per_source(runs, horizon: int) -> dict:
-    """Source -> ``evaluation.family_leads`` of its runs: each source calibrated on its
+    """Source -> ``family_leads.family_leads`` of its runs: each source calibrated on its
     own healthy runs (real and synthetic drift differently)."""
-    from collapse_guard.predictor.evaluation import family_leads
+    from family_leads import family_leads
 
     sources = sorted({r.meta.source for r in runs})
     return {
@@ -329,9 +329,11 @@ def _leads_per_source(runs, horizon: int) -> dict:
 def _print_separability(console, records, model, md: list[str]) -> None:
     """Per optimizer, model family and data (where several), how well each signal
     family's best single feature tells pre-collapse rows from healthy ones."""
+    from separability import separability
+
     from collapse_guard.features import FeatureExtractor
-    from collapse_guard.predictor.evaluation import separability, setup_of
-    from collapse_guard.predictor.training_data import build_training_data
+    from collapse_guard.predictor.evaluate import setup_of
+    from collapse_guard.predictor.training.data import build_training_data
 
     extractor = FeatureExtractor.from_schema(model.schema)
     data = build_training_data(records, extractor, horizon=model.horizon)
@@ -387,21 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     import pandas as pd
+    from family_leads import CONTROL_RATE, DEPARTURE_STD, REFERENCE_STEPS
     from rich.console import Console
 
-    from collapse_guard.predictor.baselines import default_baselines
-    from collapse_guard.predictor.evaluation import (
-        COLLAPSE_GROUPINGS,
-        CONTROL_RATE,
-        DEPARTURE_STD,
-        REFERENCE_STEPS,
-        SETUP_GROUPINGS,
-        evaluate_runs,
-        leave_one_group_out,
-    )
-    from collapse_guard.predictor.risk import RiskModel
-    from collapse_guard.predictor.seen_runs import SeenRuns
-    from collapse_guard.predictor.training_data import find_run_files, load_runs
+    from collapse_guard.datasets.runs import find_run_files, load_runs
+    from collapse_guard.predictor.core.risk import RiskModel
+    from collapse_guard.predictor.core.seen_runs import SeenRuns
+    from collapse_guard.predictor.evaluate import COLLAPSE_GROUPINGS, SETUP_GROUPINGS, evaluate_runs
+    from collapse_guard.predictor.evaluate.baselines import default_baselines
+    from collapse_guard.predictor.training.holdout import leave_one_group_out
 
     console = Console(width=160)
     md: list[str] = []  # the same tables, in Markdown, printed last with --markdown

@@ -4,7 +4,7 @@
         --runs sampler=/root/cg-data/issue20/sampler-adamw \\
         --runs nanogpt=/root/cg-data/issue20/nanogpt [--model SOURCE] [--markdown]
 
-Each set is read against its own healthy runs (``evaluation.family_leads``: a signal's
+Each set is read against its own healthy runs (``family_leads.family_leads``: a signal's
 multiple of std is raised until at most 5 % of that set's healthy runs depart in their
 last H steps), so a signal family that departs early on one set and not on the other
 says the runs collapse differently, not that one set was calibrated better. Only
@@ -85,11 +85,7 @@ def timing_rows(sets: dict[str, list]) -> list[dict]:
 def lead_rows(sets: dict[str, list]) -> list[dict]:
     """One row per signal family: per set, 'share (median lead) top signal' over its
     collapses that develop, and the share of its healthy runs that departed."""
-    from collapse_guard.predictor.evaluation import (
-        HEALTHY_CONTROL,
-        family_lead_table,
-        family_leads,
-    )
+    from family_leads import HEALTHY_CONTROL, family_lead_table, family_leads
 
     tables = {}
     for label, records in sets.items():
@@ -117,7 +113,7 @@ def lead_rows(sets: dict[str, list]) -> list[dict]:
 
 def risk_rows(sets: dict[str, list], model) -> list[dict]:
     """One row per measure, one column per set: where the model's held risk goes."""
-    from collapse_guard.predictor.evaluation import MIN_LEAD
+    from collapse_guard.predictor.evaluate import MIN_LEAD
 
     warn = model.thresholds["warn"]
     columns = {}
@@ -180,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
     args = parser.parse_args(argv)
 
-    from collapse_guard.predictor.evaluation import MIN_LEAD
-    from collapse_guard.predictor.training_data import find_run_files, load_runs
+    from collapse_guard.datasets.runs import find_run_files, load_runs
+    from collapse_guard.predictor.evaluate import MIN_LEAD
 
     sets = {label: load_runs(find_run_files([folder])) for label, folder in args.runs}
     md: list[str] = []
@@ -193,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         md,
     )
     if args.model is not None:
-        from collapse_guard.predictor.risk import RiskModel
+        from collapse_guard.predictor.core.risk import RiskModel
 
         model = RiskModel.load(None if args.model == "bundled" else args.model)
         _print(

@@ -68,8 +68,8 @@ def _link_all(paths: list[Path], folder: Path) -> Path:
 
 
 def _score(version: str, name: str, runs) -> dict[str, float]:
-    from collapse_guard.predictor.promotion import score_at_warn, unseen_by
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
+    from collapse_guard.predictor.lifecycle.promotion import score_at_warn, unseen_by
 
     model = RiskModel.load(f"models:/{name}/{version}")
     fair, seen = unseen_by([model], runs)
@@ -86,8 +86,8 @@ def _score(version: str, name: str, runs) -> dict[str, float]:
 
 
 def run_group(group: str, members: list[Path], others: list[Path], args, work: Path) -> dict:
-    from collapse_guard.predictor.retrain import retrain
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.datasets.runs import load_runs
+    from collapse_guard.predictor.lifecycle.retrain import retrain
 
     t0 = time.perf_counter()
     added, held = deal(members, ADDED_SHARE, args.seed)

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.service import RiskClient
 from collapse_guard.service.arrow_codec import ARROW_TYPE, encode_runs
 from collapse_guard.service.client import as_raw_run, encode_json

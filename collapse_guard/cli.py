@@ -29,9 +29,9 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 from collapse_guard.datasets.cli import app as data_app
 from collapse_guard.demo import demo
 from collapse_guard.errors import is_user_error, print_error
-from collapse_guard.predictor.calibrate_cli import calibrate_command
-from collapse_guard.predictor.cli import evaluate_command, predict_command, train_command
-from collapse_guard.predictor.retrain_cli import retrain as retrain_command
+from collapse_guard.predictor.cli.calibrate import calibrate_command
+from collapse_guard.predictor.cli.commands import evaluate_command, predict_command, train_command
+from collapse_guard.predictor.cli.retrain import retrain as retrain_command
 from collapse_guard.service.cli import serve_command
 
 __all__ = [

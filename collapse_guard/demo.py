@@ -126,7 +126,7 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
     from collapse_guard.datasets.real.runner import build
     from collapse_guard.features import RunContext
     from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy
-    from collapse_guard.predictor.hold import hold_risk
+    from collapse_guard.predictor.core.hold import hold_risk
     from collapse_guard.probe import Probe
 
     run = DemoRun("guarded" if guarded else "unguarded")

@@ -236,7 +236,7 @@ def test_serve_refuses_a_missing_tracking_store(tmp_path):
 
 
 def test_model_shorthands_name_the_registry(tmp_path, monkeypatch):
-    from collapse_guard.predictor.model_source import resolve_model_source
+    from collapse_guard.predictor.core.model_source import resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -253,7 +253,7 @@ def test_model_shorthands_name_the_registry(tmp_path, monkeypatch):
 
 def test_a_registry_model_needs_an_existing_store(tmp_path, monkeypatch):
     from collapse_guard.errors import UserInputError
-    from collapse_guard.predictor.model_source import resolve_model_source
+    from collapse_guard.predictor.core.model_source import resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     database = tmp_path / "elsewhere" / "mlflow.db"
@@ -289,7 +289,7 @@ def test_a_wrong_model_is_one_line(runs_dir, tmp_path, monkeypatch, command, mod
 
 
 def test_a_damaged_model_folder_is_one_line(runs_dir, tmp_path):
-    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+    from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -136,7 +136,7 @@ def test_the_quick_path_evaluates_runs_the_bundled_model_never_saw():
     validated on, so its `evaluate` scores them instead of refusing them; the file it
     predicts on is one of them."""
     from collapse_guard.predictor import RiskModel
-    from collapse_guard.predictor.seen_runs import SeenRuns
+    from collapse_guard.predictor.core.seen_runs import SeenRuns
 
     steps = _quick_path()
     (real,) = [a for a in steps if a[:2] == ["data", "real"]]

@@ -53,7 +53,7 @@ _RATIO_REASONS = {
     "loss_scale": "a power of two chosen by the GradScaler's initial scale",
     "sharpness": "top Hessian eigenvalue: depends on the parametrisation",
     # machine telemetry: the machine and the model's size (the model does not read them,
-    # predictor.training_data.MODEL_SIGNALS; kept scale-free for any model that does)
+    # predictor.training.data.MODEL_SIGNALS; kept scale-free for any model that does)
     "host_mem_available": "bytes of the machine",
     "gpu_power_w": "watts of the GPU model",
     "gpu_mem_used": "bytes: the model's size and batch",

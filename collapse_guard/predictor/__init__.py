@@ -7,6 +7,13 @@
 >>> result = train_risk_model(paths)         # a TrainingResult: model, report, split
 >>> log_result(result)                       # MLflow run, registered, promoted if better
 
+Layers, each a package whose imports point one way (tests/test_layers.py pins them):
+``core`` (the model as users, the service and the guard load it: RiskModel, calibration,
+levels, the hold) <- ``evaluate`` (scorers, events, reports, baselines; never fits) <-
+``training`` (rows, splits, fitting, cross-fitting, leave-one-group-out) <- ``lifecycle``
+(MLflow registry, promotion, the frozen benchmark, retrain, the bundled model) <- ``cli``
+(the commands: the only layer that prints). guard/ and service/ import only ``core``.
+
 Names are imported on first use (PEP 562), so ``import collapse_guard.predictor``
 costs nothing and never imports torch; LightGBM and scikit-learn load with the first
 name that needs them, mlflow only with ``log_result``.
@@ -38,33 +45,33 @@ __all__ = [
     "train_risk_model",
 ]
 
-# public name -> submodule that defines it
+# public name -> module that defines it (a layer's, or datasets.runs for run loading)
 _WHERE = {
-    "DEFAULT_BUDGETS": "levels",
-    "LEVELS": "levels",
-    "thresholds_from_budgets": "levels",
-    "Calibrator": "calibration",
-    "CollapsePredictor": "model",
-    "FeatureMismatchError": "model",
-    "EvalReport": "evaluation",
-    "evaluate_runs": "evaluation",
-    "ModelFormatError": "risk",
-    "RiskModel": "risk",
-    "RunSplit": "training_data",
-    "build_training_data": "training_data",
-    "load_runs": "training_data",
-    "split_runs": "training_data",
-    "default_baselines": "baselines",
-    "TrainingResult": "train",
-    "train_risk_model": "train",
-    "log_result": "registry",
+    "DEFAULT_BUDGETS": "predictor.core.levels",
+    "LEVELS": "predictor.core.levels",
+    "thresholds_from_budgets": "predictor.core.levels",
+    "Calibrator": "predictor.core.calibration",
+    "CollapsePredictor": "predictor.core.model",
+    "FeatureMismatchError": "predictor.core.model",
+    "ModelFormatError": "predictor.core.risk",
+    "RiskModel": "predictor.core.risk",
+    "EvalReport": "predictor.evaluate.report",
+    "evaluate_runs": "predictor.evaluate.report",
+    "default_baselines": "predictor.evaluate.baselines",
+    "RunSplit": "predictor.training.data",
+    "build_training_data": "predictor.training.data",
+    "split_runs": "predictor.training.data",
+    "TrainingResult": "predictor.training.train",
+    "train_risk_model": "predictor.training.train",
+    "log_result": "predictor.lifecycle.registry",
+    "load_runs": "datasets.runs",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    value = getattr(import_module(f"collapse_guard.{_WHERE[name]}"), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -101,7 +101,7 @@ def serve_command(
     workers_n = int(_number(workers, "--workers", int, 1, 64))
     poll_s = float(_number(poll, "--poll", float, 0))
     _check_port(host, port_n)
-    from collapse_guard.predictor.model_source import resolve_model_source
+    from collapse_guard.predictor.core.model_source import resolve_model_source
 
     given, model = model, resolve_model_source(model)  # 'champion' -> models:/...@champion
     if poll_s and not (model or "").startswith("models:/"):

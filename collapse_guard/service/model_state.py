@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from collapse_guard.features import DEFAULT_WINDOW
-from collapse_guard.predictor.levels import LEVELS
+from collapse_guard.predictor.core.levels import LEVELS
 from collapse_guard.service.model_check import BOOSTER_FILE, check_booster_file, staged_model
 from collapse_guard.service.runs import RunWindow, WindowBatch
 from collapse_guard.service.scoring import Scorer
@@ -187,8 +187,8 @@ def _content_version(model: Any, numbered: bool) -> str:
 def _load_checked(source: str) -> tuple[Any, bool]:
     """The model of ``source``, its files parsed by a child first; and whether the
     registry numbered it (a registry version, whose number names one upload)."""
-    from collapse_guard.predictor import store
-    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel  # lightgbm
+    from collapse_guard.predictor.core import store
+    from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR, RiskModel  # lightgbm
 
     if store.is_registry_uri(source):
         with store.fetched_model_folder(source) as (folder, stamp):  # a private download

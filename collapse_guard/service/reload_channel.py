@@ -89,7 +89,7 @@ def registry_version(source: str) -> str | None:
         return None
     import mlflow
 
-    from collapse_guard.predictor.store import tracking_uri
+    from collapse_guard.predictor.core.store import tracking_uri
 
     name, alias = source.removeprefix("models:/").rsplit("@", 1)
     uri = tracking_uri(create=False)  # a read: a missing store is an error, never made

@@ -13,11 +13,11 @@ from lifecycle_settings import TRAINING
 from real_clients import STEPS
 
 from collapse_guard.datasets.runfile import read_run
-from collapse_guard.predictor import registry
-from collapse_guard.predictor.levels import LEVELS
-from collapse_guard.predictor.retrain import STATE_TAG, retrain
-from collapse_guard.predictor.risk import RiskModel
-from collapse_guard.predictor.seen_runs import SeenRuns
+from collapse_guard.predictor.core.levels import LEVELS
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.core.seen_runs import SeenRuns
+from collapse_guard.predictor.lifecycle import registry
+from collapse_guard.predictor.lifecycle.retrain import STATE_TAG, retrain
 from collapse_guard.service import RiskClient
 
 pytestmark = pytest.mark.slow  # the three clients train ~45 s once; the retrain test ~60 s

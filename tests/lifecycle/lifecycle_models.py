@@ -10,10 +10,10 @@ from lifecycle_settings import BUDGETS, FAST_PARAMS
 from support import serve_process, wait_ready
 
 from collapse_guard.datasets.runfile import list_runs
-from collapse_guard.predictor import registry
-from collapse_guard.predictor.levels import LEVELS
-from collapse_guard.predictor.risk import RiskModel
-from collapse_guard.predictor.train import train_risk_model
+from collapse_guard.predictor.core.levels import LEVELS
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.lifecycle import registry
+from collapse_guard.predictor.training.train import train_risk_model
 
 __all__ = ["never_warning_champion", "served"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlflow
 
 from collapse_guard.datasets.runfile import read_meta
-from collapse_guard.predictor.benchmark import (
+from collapse_guard.predictor.lifecycle.benchmark import (
     BENCHMARK_CONTEXT,
     BENCHMARK_NAME,
     choose_benchmark,
@@ -14,7 +14,7 @@ from collapse_guard.predictor.benchmark import (
     ids_digest,
     record_benchmark,
 )
-from collapse_guard.predictor.registry import ensure_experiment
+from collapse_guard.predictor.lifecycle.registry import ensure_experiment
 
 
 def test_choice_is_a_stratified_seeded_share_without_excluded_runs(base_paths):

@@ -14,10 +14,10 @@ from support import serve_process, wait_ready
 
 from collapse_guard.datasets.runfile import read_meta, read_run
 from collapse_guard.guard import Guard
-from collapse_guard.predictor import registry
-from collapse_guard.predictor.recalibrate import calibrate
-from collapse_guard.predictor.retrain import retrain
-from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.core.recalibrate import calibrate
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.lifecycle import registry
+from collapse_guard.predictor.lifecycle.retrain import retrain
 from collapse_guard.service.client import RiskClient
 
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from collapse_guard.datasets.censor import censor_guarded, first_intervention
+from collapse_guard.datasets.ingest import INGESTED_FOLDER, ingest_runs
 from collapse_guard.datasets.label import HORIZON, LabelRule
 from collapse_guard.datasets.runfile import RunMeta, read_meta, read_run, write_run
-from collapse_guard.predictor.ingest import INGESTED_FOLDER, ingest_runs
 
 TAIL = LabelRule().tail_min_steps
 

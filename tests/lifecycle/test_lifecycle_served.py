@@ -11,7 +11,7 @@ from lifecycle_models import never_warning_champion, served
 from lifecycle_settings import TRAINING
 
 from collapse_guard.datasets.runfile import read_run
-from collapse_guard.predictor.retrain import retrain
+from collapse_guard.predictor.lifecycle.retrain import retrain
 from collapse_guard.service import RiskClient
 
 

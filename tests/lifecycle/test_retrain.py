@@ -9,12 +9,12 @@ from lifecycle_models import never_warning_champion
 from lifecycle_settings import BUDGETS, FAST_PARAMS, TRAINING
 
 from collapse_guard.datasets.runfile import list_runs
-from collapse_guard.predictor import promotion, registry
-from collapse_guard.predictor.model import CollapsePredictor
-from collapse_guard.predictor.retrain import KEY_TAG, STATE_TAG, retrain
-from collapse_guard.predictor.risk import RiskModel
-from collapse_guard.predictor.seen_runs import SeenRuns
-from collapse_guard.predictor.training_data import load_runs
+from collapse_guard.datasets.runs import load_runs
+from collapse_guard.predictor.core.model import CollapsePredictor
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.core.seen_runs import SeenRuns
+from collapse_guard.predictor.lifecycle import promotion, registry
+from collapse_guard.predictor.lifecycle.retrain import KEY_TAG, STATE_TAG, retrain
 
 NAME = registry.MODEL_NAME
 

@@ -10,10 +10,10 @@ from lifecycle_settings import TRAINING
 from typer.testing import CliRunner
 
 from collapse_guard.cli import ErrorHandlingGroup
-from collapse_guard.predictor import registry
-from collapse_guard.predictor.retrain import retrain as run_retrain
-from collapse_guard.predictor.retrain_cli import retrain
-from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.cli.retrain import retrain
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.lifecycle import registry
+from collapse_guard.predictor.lifecycle.retrain import retrain as run_retrain
 
 
 @pytest.fixture

@@ -8,8 +8,13 @@ real pipeline (``train_risk_model``), so every test of RiskModel sees what users
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
+# The research analyses (family_leads, separability, importance) are scripts' modules in
+# benchmarks/, not the wheel's; their tests import them from there, as the scripts do.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import pytest
 from predictor_settings import FAST_PARAMS
@@ -36,7 +41,7 @@ def fresh_paths(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def run_records(synthetic_paths):
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.datasets.runs import load_runs
 
     return load_runs(synthetic_paths)
 
@@ -44,7 +49,7 @@ def run_records(synthetic_paths):
 @pytest.fixture(scope="session")
 def training(synthetic_paths):
     """The TrainingResult of the full pipeline on the 60 runs."""
-    from collapse_guard.predictor.train import train_risk_model
+    from collapse_guard.predictor.training.train import train_risk_model
 
     return train_risk_model(synthetic_paths, seed=0, stride=10, params=FAST_PARAMS)
 

@@ -25,7 +25,7 @@ def synthetic_run_paths(root: Path) -> tuple[Path, ...]:
 @functools.cache
 def training(root: Path):
     """The TrainingResult of one training on the synthetic runs."""
-    from collapse_guard.predictor.train import train_risk_model
+    from collapse_guard.predictor.training.train import train_risk_model
 
     return train_risk_model(synthetic_run_paths(root), seed=0)
 
@@ -33,7 +33,7 @@ def training(root: Path):
 @functools.cache
 def trained(root: Path):
     """(RiskModel, EvalReport, {split name: RunRecords}) of :func:`training`."""
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.datasets.runs import load_runs
 
     result = training(root)
     by_id = {r.run_id: r for r in load_runs(synthetic_run_paths(root))}

@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 
 from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.predictor.baselines import (
+from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.evaluate import Scorer
+from collapse_guard.predictor.evaluate.baselines import (
     LEARNED_BASELINES,
     RULE_BASELINES,
     AttnEntropyThreshold,
@@ -25,8 +27,6 @@ from collapse_guard.predictor.baselines import (
     default_baselines,
     sampled,
 )
-from collapse_guard.predictor.evaluation import Scorer
-from collapse_guard.predictor.training_data import RunRecord
 
 
 def _frame(n=400, **cols):

@@ -14,13 +14,14 @@ import pytest
 from ops_fixtures import N_RUNS, SEED, synthetic_run_paths, training
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor import bundle
-from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR, RiskModel
+from collapse_guard.predictor.cli import bundle as bundle_cli
+from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR, RiskModel
+from collapse_guard.predictor.lifecycle import bundle
 
 
 @pytest.fixture
 def cached_training(tmp_path_factory, monkeypatch):
-    import collapse_guard.predictor.train as train_module
+    import collapse_guard.predictor.training.train as train_module
 
     result = training(tmp_path_factory.getbasetemp())
     calls = []
@@ -44,7 +45,7 @@ def test_bundle_writes_a_small_loadable_model(
 ):
     out = tmp_path / "default_model"
     argv = ["--synthetic", str(N_RUNS), "--seed", str(SEED), "--work", str(work)]
-    bundle.main([*argv, "--out", str(out), "--real", str(work)])
+    bundle_cli.main([*argv, "--out", str(out), "--real", str(work)])
     assert len(cached_training[0]) == 2 * N_RUNS  # synthetic + the "real" folder
     assert 0 < bundle.folder_bytes(out) < bundle.MAX_BYTES
     model = RiskModel.load(out)
@@ -86,7 +87,7 @@ def test_the_shipped_model_loads_and_is_small():
 
 def test_a_bundle_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
-        bundle.main(["--out", str(tmp_path / "model")])
+        bundle_cli.main(["--out", str(tmp_path / "model")])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "fix: pass --real DIR" in err
@@ -96,7 +97,7 @@ def test_a_bundle_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
 def test_the_bundle_stores_the_runs_it_saw_and_stays_small_with_thousands(
     tmp_path, work, cached_training
 ):
-    from collapse_guard.predictor.seen_runs import SeenRuns
+    from collapse_guard.predictor.core.seen_runs import SeenRuns
 
     out = tmp_path / "default_model"
     bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED, progress=str)

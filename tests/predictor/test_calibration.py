@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import brier_score_loss
 
-from collapse_guard.predictor.calibration import Calibrator, expected_calibration_error
-from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+from collapse_guard.predictor.core.calibration import Calibrator, expected_calibration_error
+from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR
 
 
 def _sample(rng, n):

@@ -30,7 +30,7 @@ def runs_dir(tmp_path_factory):
 @pytest.fixture
 def cached_training(tmp_path_factory, monkeypatch):
     """Make ``train_risk_model`` return the session's training; record how it was called."""
-    import collapse_guard.predictor.train as train_module
+    import collapse_guard.predictor.training.train as train_module
 
     result = training(tmp_path_factory.getbasetemp())
     calls = []
@@ -45,7 +45,7 @@ def cached_training(tmp_path_factory, monkeypatch):
 
 def test_importing_the_commands_stays_light():
     code = (
-        "import sys, collapse_guard.predictor.cli; "
+        "import sys, collapse_guard.predictor.cli.commands; "
         "heavy = {'mlflow', 'lightgbm', 'dask', 'pandas', 'matplotlib'} & set(sys.modules); "
         "assert not heavy, heavy"
     )
@@ -126,7 +126,7 @@ def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
 ):
     from contextlib import contextmanager
 
-    import collapse_guard.predictor.fleet as fleet
+    import collapse_guard.predictor.training.fleet as fleet
 
     @contextmanager
     def no_cluster(scheduler):
@@ -199,8 +199,8 @@ def test_evaluate_unseen_only_scores_the_test_split(runs_dir, own_model):
 def test_evaluate_refuses_runs_with_the_bundled_models_own_run_ids(tmp_path):
     """`data real --seed 0` makes runs with the ids of the bundled model's training runs
     again (short here): refused by id, whatever their length."""
-    from collapse_guard.predictor.risk import RiskModel
-    from collapse_guard.predictor.seen_runs import SeenRuns
+    from collapse_guard.predictor.core.risk import RiskModel
+    from collapse_guard.predictor.core.seen_runs import SeenRuns
 
     made = runner.invoke(
         app, ["data", "real", "--n", "3", "--steps", "60", "--seed", "0", "--out", str(tmp_path)]
@@ -223,7 +223,7 @@ def test_evaluate_bad_leave_one_out_is_one_line(runs_dir):
 
 
 def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_dir, monkeypatch):
-    import collapse_guard.predictor.evaluation as evaluation
+    import collapse_guard.predictor.training.holdout as holdout
 
     calls = []
 
@@ -231,7 +231,7 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
         calls.append(kwargs)
         raise ValueError("captured")
 
-    monkeypatch.setattr(evaluation, "leave_one_group_out", capture)
+    monkeypatch.setattr(holdout, "leave_one_group_out", capture)
     args = ["--leave-one-out", "family", "--seed", "3", "--hold-steps", "20"]
     result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args])
     assert result.exit_code == 2 and "captured" in result.output
@@ -239,7 +239,7 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
 
 
 def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
 
     folder, _ = own_model
     old = RiskModel.load(folder)

@@ -10,10 +10,10 @@ import pytest
 from predictor_settings import FAST_PARAMS
 
 from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.predictor.crossfit import cross_fitted_scores
-from collapse_guard.predictor.levels import thresholds_from_budgets
-from collapse_guard.predictor.train import fit_and_level
-from collapse_guard.predictor.training_data import RunRecord
+from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.core.levels import thresholds_from_budgets
+from collapse_guard.predictor.training.crossfit import cross_fitted_scores
+from collapse_guard.predictor.training.train import fit_and_level
 
 BUDGETS = {"watch": 10, "warn": 100, "critical": 1000}
 
@@ -117,7 +117,7 @@ def families(run_records):
 
 
 def test_fit_and_level_sets_the_stored_levels_from_the_cross_fitted_scores(families):
-    from collapse_guard.predictor.train import fit_risk_model
+    from collapse_guard.predictor.training.train import fit_risk_model
 
     train, val = families[::2], families[1::2]
     kwargs = {"stride": 25, "params": FAST_PARAMS}

@@ -12,26 +12,28 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
-from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.predictor.evaluation import (
+from family_leads import (
     FAMILIES,
     HEALTHY_CONTROL,
+    family_lead_table,
+    family_leads,
+    setup_lead_table,
+)
+from separability import separability
+
+from collapse_guard.datasets.runfile import RunMeta
+from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.core.levels import episode_counts
+from collapse_guard.predictor.evaluate import (
     UNKNOWN,
     ScoredRun,
     evaluate_runs,
     event_metrics,
-    family_lead_table,
-    family_leads,
     group_metrics,
     healthy_sequences,
     row_metrics,
-    separability,
-    setup_lead_table,
     threshold_at_budget,
 )
-from collapse_guard.predictor.levels import episode_counts
-from collapse_guard.predictor.training_data import RunRecord
 
 
 def _run(scores, onset=None, run_id="r", source="synthetic"):
@@ -282,7 +284,7 @@ def test_report_by_group_at_the_same_thresholds():
 
 
 def test_feature_gain_table_lists_the_top_features(trained):
-    from collapse_guard.predictor.evaluation import feature_gain_table
+    from importance import feature_gain_table
 
     model, _ = trained
     table = feature_gain_table(model, k=5)

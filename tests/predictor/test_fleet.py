@@ -8,11 +8,12 @@ from ops_fixtures import synthetic_run_paths, training
 from sklearn.metrics import roc_auc_score
 
 from collapse_guard.features import FeatureExtractor
-from collapse_guard.predictor import fleet
+from collapse_guard.predictor.training import fleet
 
 
 def test_chunk_rows_are_each_runs_training_rows(tmp_path_factory):
-    from collapse_guard.predictor.training_data import build_training_data, concat_rows, load_runs
+    from collapse_guard.datasets.runs import load_runs
+    from collapse_guard.predictor.training.data import build_training_data, concat_rows
 
     paths = [str(p) for p in synthetic_run_paths(tmp_path_factory.getbasetemp())[:3]]
     extractor = FeatureExtractor(window=200, signals=("loss", "grad_norm", "attn_kl"))
@@ -38,7 +39,7 @@ def test_a_dask_training_is_the_local_training(tmp_path_factory):
     stopping) and ranked the test rows at ROC-AUC 0.53 against 0.67 locally; now the
     model string, the levels and the test ranking are the local ones.
     """
-    from collapse_guard.predictor.train import train_risk_model
+    from collapse_guard.predictor.training.train import train_risk_model
 
     root = tmp_path_factory.getbasetemp()
     local = training(root)

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from collapse_guard.predictor.evaluation.events import ScoredRun, event_metrics
-from collapse_guard.predictor.hold import RiskHold, hold_risk
-from collapse_guard.predictor.levels import alarm_starts
+from collapse_guard.predictor.core.hold import RiskHold, hold_risk
+from collapse_guard.predictor.core.levels import alarm_starts
+from collapse_guard.predictor.evaluate.events import ScoredRun, event_metrics
 
 
 def test_a_risk_is_held_for_exactly_hold_steps_steps():

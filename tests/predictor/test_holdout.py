@@ -8,8 +8,8 @@ import math
 import pytest
 from predictor_settings import FAST_PARAMS
 
-from collapse_guard.predictor.evaluation import leave_one_group_out
-from collapse_guard.predictor.training_data import RunRecord
+from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.training.holdout import leave_one_group_out
 
 
 def _as_family(record: RunRecord, family: str | None) -> RunRecord:
@@ -79,7 +79,7 @@ def test_without_synthetic_runs_or_with_one_family_only(families):
 def test_the_cli_table_has_a_row_per_scorer_and_fits_80_columns(holdout):
     from rich.console import Console
 
-    from collapse_guard.predictor.cli import holdout_table
+    from collapse_guard.predictor.cli.commands import holdout_table
 
     console = Console(width=80, record=True)
     console.print(holdout_table(holdout, "leave-one-family-out"))
@@ -94,7 +94,7 @@ def test_the_cli_table_has_a_row_per_scorer_and_fits_80_columns(holdout):
 def test_group_counts_say_what_the_model_caught_per_cause_on_each_held_out_family(holdout):
     from rich.console import Console
 
-    from collapse_guard.predictor.tables import holdout_groups_table
+    from collapse_guard.predictor.cli.tables import holdout_groups_table
 
     counts = holdout.group_counts("cause")
     assert list(dict.fromkeys(counts.columns.get_level_values(0))) == ["gpt", "rope_swiglu", "all"]
@@ -116,7 +116,7 @@ def test_group_counts_say_what_the_model_caught_per_cause_on_each_held_out_famil
 def test_group_counts_per_set_up_say_where_the_false_alarms_went(holdout):
     from rich.console import Console
 
-    from collapse_guard.predictor.tables import holdout_groups_table
+    from collapse_guard.predictor.cli.tables import holdout_groups_table
 
     counts = holdout.group_counts("optimizer")
     for fold in holdout.folds:

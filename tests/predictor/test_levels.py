@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.levels import (
+from collapse_guard.predictor.core.levels import (
     DEFAULT_BUDGETS,
     alarm_starts,
     episode_counts,

@@ -9,7 +9,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
-from collapse_guard.predictor.model import CollapsePredictor, FeatureMismatchError
+from collapse_guard.predictor.core.model import CollapsePredictor, FeatureMismatchError
 
 # Small data in scikit-learn's checks (tens of rows): leaves may hold few rows.
 _SMALL = CollapsePredictor(n_estimators=30, min_child_samples=2, subsample=1.0)

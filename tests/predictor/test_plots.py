@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from collapse_guard.predictor import plots
+from collapse_guard.predictor.evaluate import plots
 
 
 def _check_png(path, min_kb: float = 8.0, min_px: int = 300) -> None:

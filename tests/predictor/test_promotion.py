@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from ops_fixtures import trained
 
-from collapse_guard.predictor import promotion
-from collapse_guard.predictor.promotion import WarnScore, decide
+from collapse_guard.predictor.lifecycle import promotion
+from collapse_guard.predictor.lifecycle.promotion import WarnScore, decide
 
 
 def _score(caught: int, false_alarms: int, *, n_collapsed: int = 10, healthy: int = 50_000):

@@ -16,15 +16,15 @@ from typer.testing import CliRunner
 from collapse_guard.cli import app
 from collapse_guard.datasets.runfile import read_meta
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.levels import DEFAULT_BUDGETS, episode_counts
-from collapse_guard.predictor.recalibrate import (
+from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, episode_counts
+from collapse_guard.predictor.core.recalibrate import (
     MIN_TAIL_SLOPE,
     calibrate,
     healthy_levels,
     steps_needed,
 )
-from collapse_guard.predictor.risk import RiskModel
-from collapse_guard.predictor.seen_runs import SeenRuns
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.core.seen_runs import SeenRuns
 
 
 def _expit(z: float) -> float:

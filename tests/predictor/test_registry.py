@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from ops_fixtures import mlflow_store, trained
 
-from collapse_guard.predictor import promotion, registry
-from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.lifecycle import promotion, registry
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def models(tmp_path_factory):
     budget): it catches the test collapses within that budget. ``silent``: levels above
     every score, so it never alarms. Promotion judges each at its own stored level.
     """
-    from collapse_guard.predictor.train import set_levels
+    from collapse_guard.predictor.training.train import set_levels
 
     model, _, splits = trained(tmp_path_factory.getbasetemp())
     folder = tmp_path_factory.mktemp("levels")
@@ -46,7 +46,8 @@ def models(tmp_path_factory):
 def test_the_package_exports_the_training_result_and_its_logging_without_torch():
     code = (
         "import sys; from collapse_guard.predictor import TrainingResult, log_result; "
-        "from collapse_guard.predictor import registry, train; "
+        "from collapse_guard.predictor.lifecycle import registry; "
+        "from collapse_guard.predictor.training import train; "
         "assert TrainingResult is train.TrainingResult and log_result is registry.log_result; "
         "print('torch' in sys.modules)"
     )
@@ -166,7 +167,7 @@ def test_loading_an_unknown_model_says_what_to_do(store):
 
 
 def test_a_champion_this_code_cannot_load_is_replaced(store, models, monkeypatch):
-    from collapse_guard.predictor.risk import ModelFormatError
+    from collapse_guard.predictor.core.risk import ModelFormatError
 
     good, _, _, _ = models
     name = "cp-stale"

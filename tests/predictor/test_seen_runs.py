@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collapse_guard.predictor import seen_runs
-from collapse_guard.predictor.seen_runs import SeenRuns, hash_run_id, stored_ids
+from collapse_guard.predictor.core import seen_runs
+from collapse_guard.predictor.core.seen_runs import SeenRuns, hash_run_id, stored_ids
 
 
 def test_ids_are_hashed_only_past_the_limit(monkeypatch):

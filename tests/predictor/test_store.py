@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor import store
-from collapse_guard.predictor.risk import RiskModel
+from collapse_guard.predictor.core import store
+from collapse_guard.predictor.core.risk import RiskModel
 
 
 @pytest.fixture

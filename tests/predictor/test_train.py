@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from collapse_guard.datasets.runfile import RunMeta, read_meta
+from collapse_guard.datasets.runs import RunRecord
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.levels import thresholds_from_budgets
-from collapse_guard.predictor.train import set_levels, train_risk_model
-from collapse_guard.predictor.training_data import MODEL_SIGNALS, RunRecord, split_runs
+from collapse_guard.predictor.core.levels import thresholds_from_budgets
+from collapse_guard.predictor.training.data import MODEL_SIGNALS, split_runs
+from collapse_guard.predictor.training.train import set_levels, train_risk_model
 
 
 def test_pipeline_meta_split_and_levels(trained, run_records):
@@ -42,7 +43,7 @@ def test_same_seed_gives_the_same_model_string(synthetic_paths):
 
 def test_too_few_runs_are_refused_before_any_fit(synthetic_paths, monkeypatch):
     """One collapse and one healthy run: no split can hold both in train and validation."""
-    import collapse_guard.predictor.train as train_module
+    import collapse_guard.predictor.training.train as train_module
 
     def fit(*args, **kwargs):
         raise AssertionError("fitted on runs that were to be refused")
@@ -67,8 +68,8 @@ def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
     (fewer steps than their budgets), too few to bound. Caught collapses at `watch`
     come with a median lead time of at least 20 steps.
     """
-    from collapse_guard.predictor.evaluation import ScoredRun, event_metrics
-    from collapse_guard.predictor.training_data import load_runs
+    from collapse_guard.datasets.runs import load_runs
+    from collapse_guard.predictor.evaluate import ScoredRun, event_metrics
 
     model, _ = trained
     scored = []
@@ -83,8 +84,8 @@ def test_fresh_healthy_runs_stay_near_the_watch_budget(trained, fresh_paths):
 
 
 def test_the_result_holds_one_fingerprint_and_the_split_it_made(training, run_records):
-    from collapse_guard.predictor.train import SplitRecord, TrainingResult
-    from collapse_guard.predictor.training_data import data_fingerprint
+    from collapse_guard.datasets.runs import data_fingerprint
+    from collapse_guard.predictor.training.train import SplitRecord, TrainingResult
 
     assert isinstance(training, TrainingResult)
     # one fingerprint: the result's, the model's and training_data's agree
@@ -105,7 +106,7 @@ def test_the_result_holds_one_fingerprint_and_the_split_it_made(training, run_re
 
 
 def test_the_model_stores_the_runs_it_trained_and_validated_on(trained):
-    from collapse_guard.predictor.seen_runs import SeenRuns
+    from collapse_guard.predictor.core.seen_runs import SeenRuns
 
     model, _ = trained
     split = model.meta["split"]
@@ -200,7 +201,7 @@ def test_synthetic_runs_alone_set_the_levels_on_validation_runs_and_say_why(trai
 
 
 def test_the_row_stride_grows_only_past_the_row_budget():
-    from collapse_guard.predictor.train import MAX_TRAIN_ROWS, row_stride
+    from collapse_guard.predictor.training.train import MAX_TRAIN_ROWS, row_stride
 
     runs = [_healthy(f"r{n}", "synthetic", n) for n in (1000, 500)]
     # stride 10: 100 + 50 = 150 rows; within 100 rows: ceil(1000/16) + ceil(500/16) = 95,

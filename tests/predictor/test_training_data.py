@@ -10,16 +10,10 @@ import pytest
 
 from collapse_guard.datasets.label import HORIZON, LabelRule, collapse_targets
 from collapse_guard.datasets.runfile import RunMeta, write_run
+from collapse_guard.datasets.runs import RunRecord, data_fingerprint, find_run_files, load_runs
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
-from collapse_guard.predictor.training_data import (
-    RunRecord,
-    build_training_data,
-    data_fingerprint,
-    find_run_files,
-    load_runs,
-    split_runs,
-)
+from collapse_guard.predictor.training.data import build_training_data, split_runs
 
 
 def _metas(n=90):
@@ -178,7 +172,7 @@ def test_training_rows_are_held_once_not_twice_while_built(run_records):
     capacity = sum(-(-r.n_rows // 5) for r in runs) * data.X.shape[1] * 8
     assert rows > 5e6 and capacity < 1.3 * rows and peak < 1.2 * capacity, (peak, rows)
     # the rows the run-by-run path (Dask's workers) gives, in the same order
-    from collapse_guard.predictor.training_data import concat_rows, run_rows
+    from collapse_guard.predictor.training.data import concat_rows, run_rows
 
     parts = [run_rows(r, fx, stride=5, horizon=HORIZON) for r in runs]
     pieces = concat_rows([p for p in parts if p is not None], len(runs))

@@ -22,7 +22,7 @@ from support import serve_process, wait_ready
 
 @pytest.fixture(scope="session")
 def default_model():
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
 
     return RiskModel.load()
 
@@ -32,7 +32,7 @@ def variant_dir(tmp_path_factory, default_model):
     """The bundled model cut to its first 40 trees: a real, different LightGBM model."""
     import lightgbm as lgb
 
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
 
     m = default_model
     booster = lgb.Booster(model_str=m.booster.model_to_string(num_iteration=40))
@@ -84,8 +84,8 @@ def mlflow_uri(store_uri, variant_dir):
     """A real SQLite MLflow store holding the variant as collapse-predictor v1 @champion."""
     import mlflow
 
-    from collapse_guard.predictor import registry
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
+    from collapse_guard.predictor.lifecycle import registry
 
     uri = store_uri
     old = os.environ.get("MLFLOW_TRACKING_URI")

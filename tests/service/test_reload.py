@@ -69,7 +69,7 @@ def _hammer(url, frames, stop, answers, errors):
 def test_load_with_a_reload_in_the_middle(served, client, default_model, variant_dir):
     """8 clients for ~9 s; the variant model is loaded after ~3 s. No request fails, and
     each answer's probability is exactly what the model it names gives that window."""
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core.risk import RiskModel
 
     variant = RiskModel.load(variant_dir)
     new = f"{VARIANT_VERSION}+{variant.fingerprint()[:8]}"  # a folder: label + content
@@ -113,8 +113,9 @@ def test_load_with_a_reload_in_the_middle(served, client, default_model, variant
 
 def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir):
     """The --poll path: the alias moves to a new version, the follower reloads it."""
-    from collapse_guard.predictor import registry, store
-    from collapse_guard.predictor.risk import RiskModel
+    from collapse_guard.predictor.core import store
+    from collapse_guard.predictor.core.risk import RiskModel
+    from collapse_guard.predictor.lifecycle import registry
     from collapse_guard.service.model_state import ModelHolder, load_serving
     from collapse_guard.service.reload_channel import Follower, ReloadChannel
 

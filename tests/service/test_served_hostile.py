@@ -131,7 +131,7 @@ def test_model_route_shows_no_server_path_and_no_run_ids(served, default_model):
 def damaged(tmp_path_factory, default_model):
     """The bundled model's folder three ways: model.txt cut in half, cut within its
     header, and 30 of its 71 trees removed under the same label."""
-    from collapse_guard.predictor.risk import DEFAULT_MODEL_DIR
+    from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR
 
     root = tmp_path_factory.mktemp("damaged")
     text = (DEFAULT_MODEL_DIR / "model.txt").read_text(encoding="utf-8")

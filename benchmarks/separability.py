@@ -1,0 +1,76 @@
+"""How well each signal family's features, one at a time, tell the rows before a collapse
+from healthy rows, per set-up: a model-free account of "why" per signal.
+
+The rows are the training rows (``training.data.build_training_data``): a window's
+features every ``stride`` steps, target 1 within the horizon before onset (a sudden
+collapse's last rows are not among them), 0 before that and on healthy runs. For each
+set-up group (e.g. each optimizer) and each feature, the ROC-AUC of the feature alone
+over that group's rows, read in whichever direction separates (``max(auc, 1 - auc)``:
+0.5 is no information, 1 a perfect single threshold); then, per signal family, its best
+feature. Where a family's best is near 0.5 under one optimizer and well above under
+another, that optimizer's collapses give that family nothing to forecast from.
+
+"Family" is a family of signals (:func:`family_leads.signal_families`), with the run
+context (``ctx__*``) and the DSI count (``dsi__*``) as families of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+from family_leads import signal_families
+from sklearn.metrics import roc_auc_score
+
+__all__ = ["MIN_ROWS", "feature_family", "separability"]
+
+MIN_ROWS = 100  # finite rows a feature needs in a group (both targets present) to be scored
+
+
+def feature_family(name: str, families: Mapping[str, str] | None = None) -> str:
+    """The signal family a feature reads: its signal's, ``context`` or ``dsi``."""
+    prefix = name.split("__", 1)[0]
+    if prefix == "ctx":
+        return "context"
+    if prefix == "dsi":
+        return "dsi"
+    return (families or signal_families()).get(prefix, prefix)
+
+
+def separability(
+    X: pd.DataFrame, y: np.ndarray, group: np.ndarray, *, min_rows: int = MIN_ROWS
+) -> pd.DataFrame:
+    """Per group and signal family, the best single feature's direction-free ROC-AUC.
+
+    ``X``: feature rows, ``y``: their 0/1 targets, ``group``: each row's set-up group
+    (e.g. its run's optimizer). A feature counts in a group where it has at least
+    ``min_rows`` finite rows holding both targets.
+
+    Returns one row per (group, family), sorted: ``group``, ``family``, ``auc`` (of
+    the best feature), ``feature`` (which), ``rows`` and ``positives`` (the group's).
+    """
+    y, group = np.asarray(y), np.asarray(group)
+    if not (len(X) == len(y) == len(group)):
+        raise ValueError(
+            f"X, y and group must have one entry per row; got {len(X)}, {len(y)} and {len(group)}"
+        )
+    families, every = signal_families(), X.to_numpy(dtype=np.float64)
+    rows = []
+    for g in sorted(set(group.tolist())):
+        member = group == g
+        target, values = y[member], every[member]
+        best: dict[str, tuple[float, str]] = {}
+        for j, name in enumerate(X.columns):
+            finite = np.isfinite(values[:, j])
+            if finite.sum() < min_rows or np.unique(target[finite]).size < 2:
+                continue
+            auc = roc_auc_score(target[finite], values[finite, j])
+            auc = max(auc, 1.0 - auc)
+            family = feature_family(name, families)
+            if auc > best.get(family, (-1.0, ""))[0]:
+                best[family] = (auc, name)
+        for family, (auc, name) in best.items():
+            rows.append((g, family, auc, name, int(member.sum()), int(target.sum())))
+    columns = ["group", "family", "auc", "feature", "rows", "positives"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["group", "family"], ignore_index=True)

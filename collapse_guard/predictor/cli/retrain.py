@@ -1,0 +1,147 @@
+"""``collapse-guard retrain``: the command face of ``predictor.lifecycle.retrain.retrain``.
+
+Heavy imports (mlflow, lightgbm, dask) happen inside the command, so that
+``collapse-guard --help`` stays fast. Bad input (no run file among ``--runs``, a tracking
+store in a folder that does not exist, too few runs) is a ``UserInputError``: the
+``collapse-guard`` app prints it as one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collapse_guard.errors import UserInputError
+
+__all__ = ["retrain"]
+
+
+def _use_tracking_uri(uri: str | None) -> None:
+    # The store is process-wide (MLFLOW_TRACKING_URI, read by predictor.core.store); a SQLite
+    # store is created on first use, but its folder must exist.
+    if uri is None:
+        return
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        if not folder.is_dir():
+            raise UserInputError(
+                f"--tracking-uri {uri}: the folder {folder} does not exist",
+                "create it, or pass the URI of an existing store",
+            )
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+
+
+def _print_ingest(console, report) -> None:
+    for item in report.rejected:
+        console.print(f"[yellow]skipped[/] {item.name}: {item.reason}", soft_wrap=True)
+    if report.ignored:
+        console.print(f"ignored {len(report.ignored)} file(s) that are not *.parquet run files")
+    for item in report.ingested:
+        censoring = item.censoring
+        if censoring is not None and censoring.censored:
+            console.print(
+                f"{item.run_id}: guarded; rows after step {censoring.kept_until} censored "
+                f"(first intervention at step {censoring.first_intervention})"
+            )
+
+
+def _print_rejected(console, runs: list[str], base: Path) -> None:
+    # A retrain that failed after its ingest (too few runs, a bug) still names the files it
+    # skipped: a user who fixes the error would otherwise meet them only at the next
+    # success. Ingest is idempotent, so asking again rejects the same files and writes
+    # nothing; with nothing ingested, the error itself lists them.
+    from collapse_guard.datasets.ingest import IngestReport, ingest_runs
+
+    try:
+        report = ingest_runs(runs, base)
+    except Exception:  # the failure may be the ingest's own (a folder it cannot write)
+        return
+    if report.run_ids:
+        _print_ingest(console, IngestReport(rejected=report.rejected, ignored=report.ignored))
+
+
+def retrain(
+    runs: Annotated[
+        list[str],
+        typer.Option(
+            "--runs",
+            metavar="PATH_OR_URL",
+            help="New run files: a folder (searched recursively), a run file, or an fsspec "
+            "URL (file://, s3://, gs://, ...): --runs A B or --runs A --runs B.",
+        ),
+    ],
+    base: Annotated[
+        Path,
+        typer.Option(
+            "--base",
+            help="The dataset folder: every run the models train on; new runs are copied "
+            "into <base>/ingested/.",
+        ),
+    ] = Path("runs"),
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            metavar="URI",
+            help="MLflow store; default MLFLOW_TRACKING_URI, else sqlite ./mlruns/mlflow.db.",
+        ),
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask",
+            metavar="SCHEDULER",
+            help="Compute the training rows on Dask: 'local' (2-worker cluster here) or a "
+            "scheduler address tcp://host:8786.",
+        ),
+    ] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "collapse-guard",
+    seed: Annotated[int, typer.Option(help="Seeds the split, LightGBM and the benchmark.")] = 0,
+    recalibrate: Annotated[
+        bool,
+        typer.Option(
+            help="Set the challenger's levels on the new healthy runs it did not train on "
+            "(collapse-guard calibrate); --no-recalibrate keeps its validation runs' levels."
+        ),
+    ] = True,
+) -> None:
+    """Retrain on new runs: ingest them, train a challenger, compare it with the champion on
+    the frozen benchmark and the new runs neither has seen, promote it only by the rule.
+
+    Running it again after a crash finishes the job; running it again after it finished
+    changes nothing.
+    """
+    _use_tracking_uri(tracking_uri)
+    from rich.console import Console
+
+    from collapse_guard.predictor.lifecycle.retrain import retrain as run_retrain
+
+    console = Console()
+    try:
+        result = run_retrain(
+            runs,
+            base=base,
+            experiment=experiment,
+            seed=seed,
+            dask=dask,
+            require_new=True,
+            recalibrate=recalibrate,
+            progress=console.log,
+        )
+    except Exception:
+        _print_rejected(console, runs, base)
+        raise
+    _print_ingest(console, result.ingest)
+    compared = f"on {len(result.comparison_run_ids)} runs neither model saw"
+    if result.promoted:
+        console.print(f"[green]v{result.version} is now champion[/] ({compared}): {result.reason}")
+    else:
+        console.print(
+            f"[yellow]v{result.version} kept out; champion stays v{result.champion}[/] "
+            f"({compared}): {result.reason}",
+            soft_wrap=True,
+        )
+    console.print(f"MLflow run {result.mlflow_run_id} in experiment {experiment!r}")

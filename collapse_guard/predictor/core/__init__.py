@@ -1,0 +1,10 @@
+"""The model as users, the service and the guard load it; nothing here trains or reports.
+
+``risk`` (:class:`RiskModel`: a folder or a registry URI in, risk and level by step out),
+``model`` (the LightGBM classifier), ``calibration``, ``levels`` (false-alarm budgets and
+the alarm levels they set), ``hold`` (the risk hold), ``recalibrate`` (levels on a user's
+own healthy runs: ``RiskModel.calibrate``), ``seen_runs``, ``store`` and ``model_source``
+(where a model is loaded from). Imports only ``features``, ``datasets`` and ``errors``.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,92 @@
+"""Event-level evaluation, as a user lives it (DESIGN.md "Predictor"), one module per job.
+
+=================  ====================================================================
+module             job
+=================  ====================================================================
+``events``         caught / lead / false alarms of one scorer at one threshold; row
+                   metrics (average precision, ROC-AUC, Brier)
+``groups``         what runs are grouped by: collapse kind, cause, onset (sudden or
+                   develops), model family, optimizer, data
+``scorer``         the :class:`Scorer` protocol; :class:`ModelScorer` for a RiskModel
+``report``         :func:`evaluate_runs`: every scorer, source, operating point and
+                   group; the headline is the model at its stored ``warn`` level
+``baselines``      what people use today (DSI, OLMo-core, ZClip, KillLossSpike, tuned
+                   single-signal thresholds, config-only), each a :class:`Scorer`
+``plots``          figures of an evaluation and of one run (data in, a PNG out)
+=================  ====================================================================
+
+Everything public of ``events``, ``groups``, ``scorer`` and ``report`` is re-exported here.
+This layer scores and reports; it never fits the model (``training`` does, leave-one-group-out
+included) and imports only ``core``.
+"""
+
+from __future__ import annotations
+
+from collapse_guard.predictor.evaluate.events import (
+    MIN_LEAD,
+    EventResult,
+    RowResult,
+    ScoredRun,
+    event_metrics,
+    healthy_sequences,
+    row_metrics,
+    run_outcome,
+    threshold_at_budget,
+)
+from collapse_guard.predictor.evaluate.groups import (
+    COLLAPSE_GROUPINGS,
+    GROUPINGS,
+    NEVER_HELD_OUT,
+    SETUP_GROUPINGS,
+    UNKNOWN,
+    GroupResult,
+    cause_of,
+    group_metrics,
+    kind_of,
+    run_groups,
+    setup_of,
+)
+from collapse_guard.predictor.evaluate.report import (
+    BUDGET_FACTOR,
+    HEADLINE,
+    BudgetCheck,
+    EvalReport,
+    GroupRow,
+    ResultRow,
+    evaluate_runs,
+    scored_runs,
+)
+from collapse_guard.predictor.evaluate.scorer import ModelScorer, Scorer
+
+__all__ = [
+    "BUDGET_FACTOR",
+    "COLLAPSE_GROUPINGS",
+    "GROUPINGS",
+    "HEADLINE",
+    "MIN_LEAD",
+    "NEVER_HELD_OUT",
+    "SETUP_GROUPINGS",
+    "UNKNOWN",
+    "BudgetCheck",
+    "EvalReport",
+    "EventResult",
+    "GroupResult",
+    "GroupRow",
+    "ModelScorer",
+    "ResultRow",
+    "RowResult",
+    "ScoredRun",
+    "Scorer",
+    "cause_of",
+    "evaluate_runs",
+    "event_metrics",
+    "group_metrics",
+    "healthy_sequences",
+    "kind_of",
+    "row_metrics",
+    "run_groups",
+    "run_outcome",
+    "scored_runs",
+    "setup_of",
+    "threshold_at_budget",
+]

@@ -1,0 +1,238 @@
+"""Promotion: does a challenger take the ``champion`` alias? One rule, stated here.
+
+Both models are scored by :func:`score_at_warn` on the same given runs, each at **its own
+stored** ``warn`` level (set on its own healthy validation runs at training, never
+refitted on the comparison runs: a threshold fitted on the runs it is graded on flatters
+whichever model it is fitted for). The figures (:class:`WarnScore`):
+
+- ``recall``: collapses caught 10 to H steps ahead (``MIN_LEAD`` to the model's horizon,
+  as the evaluation counts them) over the collapsing runs;
+- ``fa_per_10k``: false-alarm episodes per 10,000 healthy steps;
+- ``within_budget``: the false alarms stay within the warn budget the model promised,
+  with the evaluation's slack (``BUDGET_FACTOR``, 2x) and at least one alarm allowed:
+  on a few thousand healthy steps one false alarm says nothing about a 1-per-10k budget.
+
+The rule (:func:`decide`), applied to the challenger against the current champion:
+
+1. no champion yet (or one this code cannot load): the challenger is promoted;
+2. the challenger must hold its own warn budget on the comparison runs, else it is kept
+   out, whatever its recall (recall bought with false alarms is not an improvement).
+   Budgets are the operator's training setting (``levels.DEFAULT_BUDGETS`` unless
+   changed), not something a model learns, so both models normally share them; when
+   the operator retrains with another budget, the new one is what they asked for;
+3. then it is promoted only with a strictly higher recall, or the same recall with
+   strictly fewer false alarms per 10k healthy steps. A tie keeps the champion;
+4. a recall that cannot be measured (no collapsing run among the comparison runs) ranks
+   lowest: such comparison runs cannot promote anyone over a champion that has a recall.
+
+:func:`compare` scores both models on the runs that *neither* trained or validated on
+(their ids are stored in each model, ``predictor.core.seen_runs``): a champion graded on its
+own training runs would look better than it is, and a challenger on its own, too.
+
+>>> decision = compare(challenger, champion, runs)   # RiskModels, RunRecords
+>>> decision.promoted, decision.reason
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.core.risk import RiskModel
+from collapse_guard.predictor.core.seen_runs import SeenRuns
+from collapse_guard.predictor.evaluate import (
+    BUDGET_FACTOR,
+    MIN_LEAD,
+    ScoredRun,
+    event_metrics,
+)
+
+__all__ = [
+    "WARN",
+    "Decision",
+    "WarnScore",
+    "compare",
+    "decide",
+    "score_at_warn",
+    "unseen_by",
+]
+
+WARN = "warn"  # the level promotion is judged at: the one users act on
+
+
+@dataclass(frozen=True)
+class WarnScore:
+    """One model's figures at its own stored ``warn`` level on a set of runs."""
+
+    version: str  # the model's meta["version"], to name it in reasons and logs
+    threshold: float  # its stored warn threshold
+    budget_per_10k: float  # its warn budget, as false alarms per 10k healthy steps
+    n_runs: int
+    n_collapsed: int
+    caught: int
+    false_alarms: int
+    healthy_steps: int
+    median_lead: float
+
+    @property
+    def recall(self) -> float:
+        """Caught collapses over collapsing runs; NaN when there are none."""
+        return self.caught / self.n_collapsed if self.n_collapsed else math.nan
+
+    @property
+    def fa_per_10k(self) -> float:
+        """False alarms per 10,000 healthy steps; NaN without healthy steps."""
+        return 1e4 * self.false_alarms / self.healthy_steps if self.healthy_steps else math.nan
+
+    @property
+    def allowed_false_alarms(self) -> int:
+        """Most false alarms that still hold the budget (module docstring, point 2)."""
+        expected = self.budget_per_10k * self.healthy_steps / 1e4
+        return max(1, math.floor(BUDGET_FACTOR * expected))
+
+    @property
+    def within_budget(self) -> bool:
+        return self.false_alarms <= self.allowed_false_alarms
+
+    def to_metrics(self) -> dict[str, float]:
+        """Flat figures for MLflow (``compare.challenger.*``, ``compare.champion.*``)."""
+        return {
+            "recall_at_warn": self.recall,
+            "fa_per_10k_at_warn": self.fa_per_10k,
+            "false_alarms_at_warn": float(self.false_alarms),
+            "allowed_false_alarms": float(self.allowed_false_alarms),
+            "within_budget": float(self.within_budget),
+            "median_lead_at_warn": self.median_lead,
+            "caught": float(self.caught),
+            "n_collapsed": float(self.n_collapsed),
+            "healthy_steps": float(self.healthy_steps),
+            "warn_threshold": self.threshold,
+        }
+
+    def describe(self) -> str:
+        """One line: recall and false alarms against the budget."""
+        budget = "within" if self.within_budget else "over"
+        return (
+            f"v{self.version}: caught {self.caught}/{self.n_collapsed}, "
+            f"{self.false_alarms} false alarms in {self.healthy_steps} healthy steps "
+            f"({budget} its budget of {self.allowed_false_alarms})"
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The promotion verdict, the figures it rests on, and the runs it was measured on."""
+
+    promoted: bool
+    reason: str
+    challenger: WarnScore | None = None
+    champion: WarnScore | None = None
+    run_ids: tuple[str, ...] = ()  # the comparison runs (unseen by both models)
+
+    def to_metrics(self) -> dict[str, float]:
+        """``compare.challenger.*`` and ``compare.champion.*`` figures (NaN left in)."""
+        out: dict[str, float] = {"compare.n_runs": float(len(self.run_ids))}
+        for role, score in (("challenger", self.challenger), ("champion", self.champion)):
+            if score is not None:
+                out |= {f"compare.{role}.{k}": v for k, v in score.to_metrics().items()}
+        return out
+
+
+def score_at_warn(model: RiskModel, runs: Sequence[RunRecord]) -> WarnScore:
+    """``model`` on ``runs`` at its own stored warn level, every recorded step scored."""
+    if WARN not in model.thresholds:
+        raise ValueError(
+            f"model {model.meta.get('version')!r} has no {WARN!r} level to be judged at "
+            f"(thresholds: {model.thresholds}); fix: train it with collapse-guard train"
+        )
+    scored = []
+    for run in runs:
+        steps = run.frame["step"].to_numpy()
+        risk = model.predict_run(run.frame, steps=steps).to_numpy()
+        scored.append(ScoredRun(run.run_id, run.meta.source, steps, risk, run.meta.onset_step))
+    threshold = float(model.thresholds[WARN])
+    events = event_metrics(scored, threshold, horizon=model.horizon, min_lead=MIN_LEAD)
+    return WarnScore(
+        version=str(model.meta.get("version", "local")),
+        threshold=threshold,
+        budget_per_10k=1e4 / float(model.budgets[WARN]),
+        n_runs=events.n_runs,
+        n_collapsed=events.n_collapsed,
+        caught=events.caught,
+        false_alarms=events.false_alarms,
+        healthy_steps=events.healthy_steps,
+        median_lead=events.median_lead,
+    )
+
+
+def _rank(recall: float) -> float:
+    return -math.inf if math.isnan(recall) else recall
+
+
+def decide(challenger: WarnScore, champion: WarnScore | None) -> Decision:
+    """The promotion rule of the module docstring, on figures already measured."""
+    if champion is None:
+        return Decision(True, "no champion yet", challenger, None)
+    if not challenger.within_budget:
+        return Decision(
+            False,
+            f"challenger exceeds its warn false-alarm budget: {challenger.describe()}",
+            challenger,
+            champion,
+        )
+    new, old = _rank(challenger.recall), _rank(champion.recall)
+    # NaN (no healthy steps) compares False: no tie-break without false-alarm figures
+    fewer_alarms = challenger.fa_per_10k < champion.fa_per_10k
+    if new > old:
+        verdict, promoted = "higher recall at warn", True
+    elif new == old and new > -math.inf and fewer_alarms:
+        verdict, promoted = "the same recall with fewer false alarms", True
+    else:
+        verdict, promoted = "no higher recall at warn (a tie keeps the champion)", False
+    reason = f"{verdict}: challenger {challenger.describe()}; champion {champion.describe()}"
+    return Decision(promoted, reason, challenger, champion)
+
+
+def unseen_by(
+    models: Sequence[RiskModel], runs: Sequence[RunRecord]
+) -> tuple[list[RunRecord], int]:
+    """(the runs none of ``models`` trained or validated on, how many were set apart)."""
+    seen = [SeenRuns.from_meta(m.meta) for m in models]
+    keep = [r for r in runs if all(s.role_of(r.run_id) is None for s in seen)]
+    return keep, len(runs) - len(keep)
+
+
+def compare(
+    challenger: RiskModel, champion: RiskModel | None, runs: Sequence[RunRecord]
+) -> Decision:
+    """Score both models on the given runs neither has seen, then :func:`decide`.
+
+    ``runs``: ``RunRecord``s, e.g. the challenger's test runs, a frozen benchmark split
+    and new runs. Without a champion, the challenger is promoted (its figures are still
+    measured, on the runs it never saw, for the log).
+    """
+    models = [challenger] if champion is None else [challenger, champion]
+    fair, set_apart = unseen_by(models, runs)
+    if champion is None:
+        return Decision(True, "no champion yet", score_at_warn(challenger, fair), None, _ids(fair))
+    if not fair:
+        return Decision(
+            False,
+            f"none of the {len(runs)} comparison runs is unseen by both models "
+            f"({set_apart} trained or validated on); fix: pass runs neither trained on",
+        )
+    decision = decide(score_at_warn(challenger, fair), score_at_warn(champion, fair))
+    note = f" ({len(fair)} runs unseen by both; {set_apart} set apart)"
+    return Decision(
+        decision.promoted,
+        decision.reason + note,
+        decision.challenger,
+        decision.champion,
+        _ids(fair),
+    )
+
+
+def _ids(runs: Sequence[RunRecord]) -> tuple[str, ...]:
+    return tuple(r.run_id for r in runs)
