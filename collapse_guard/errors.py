@@ -31,7 +31,7 @@ class UserInputError(ValueError):
 # and class name: looked up in sys.modules so that the check never imports lightgbm or
 # bentoml (an error of a class whose module was never imported cannot have been raised).
 _MAPPED = (
-    ("collapse_guard.predictor.core.risk", "ModelFormatError"),  # a model folder this code can't use
+    ("collapse_guard.predictor.core.risk", "ModelFormatError"),  # a model folder it cannot use
     ("collapse_guard.service.model_state", "ModelLoadError"),  # a model the service can't serve
 )
 

@@ -11,8 +11,10 @@ from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.core.levels import (
     DEFAULT_BUDGETS,
     alarm_starts,
+    allowed_false_alarms,
     episode_counts,
     level_of,
+    per_10k,
     threshold_for_episodes,
     thresholds_from_budgets,
 )
@@ -106,3 +108,30 @@ def test_lead_time_on_rising_scores_exceeds_floor():
         first = next(i for i, v in itertools.chain(enumerate(s)) if v >= th["warn"] and i >= 800)
         leads.append(1_000 - first)
     assert np.mean(leads) > 50
+
+
+def test_one_budget_rule_for_the_evaluation_and_promotion():
+    """BudgetCheck.holds (evaluate) and WarnScore.within_budget (promotion) apply the same
+    rule: twice the expected false alarms, at least one; they once disagreed on 4,000
+    healthy steps with one false alarm at a 10,000-step budget."""
+    from collapse_guard.predictor.evaluate.report import BudgetCheck
+    from collapse_guard.predictor.lifecycle.promotion import WarnScore
+
+    assert allowed_false_alarms(4_000, 10_000) == 1  # expects 0.4: one allowed, two not
+    assert allowed_false_alarms(15_000, 10_000) == 3  # expects 1.5: floor(3.0)
+    assert allowed_false_alarms(14_999, 10_000) == 2
+    assert per_10k(10_000) == 1.0 and per_10k(1_000) == 10.0
+
+    def both(healthy, false_alarms, budget=10_000):
+        rate = 1e4 * false_alarms / healthy
+        check = BudgetCheck("all", "warn", budget, rate, false_alarms, healthy)
+        score = WarnScore("v", 0.5, budget, 10, 2, 1, false_alarms, healthy, 50.0)
+        return check.holds, score.within_budget
+
+    assert both(4_000, 1) == (True, True) and both(4_000, 2) == (False, False)
+    assert both(4_000, 0) == (None, True)  # too few steps to tell; nothing against it
+    for healthy, fa, budget in itertools.product(
+        (500, 4_000, 9_999, 20_000, 123_457), range(8), (1_000, 10_000)
+    ):
+        holds, within = both(healthy, fa, budget)
+        assert holds is None or holds == within, (healthy, fa, budget)

@@ -17,7 +17,7 @@ def _score(caught: int, false_alarms: int, *, n_collapsed: int = 10, healthy: in
     return WarnScore(
         version="x",
         threshold=0.5,
-        budget_per_10k=1.0,
+        budget_steps=10_000,
         n_runs=20,
         n_collapsed=n_collapsed,
         caught=caught,

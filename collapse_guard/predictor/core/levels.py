@@ -23,6 +23,11 @@ With fewer healthy validation steps than a budget, zero false alarms are allowed
 and the threshold sits just above the highest healthy score: the guarantee is then
 only as good as the validation set is large (``resolution`` in the stored meta says
 how many healthy steps backed it).
+
+Budgets have one unit, healthy steps between false alarms; "false alarms per 10k healthy
+steps" is a rate for reading, converted in one place (:func:`per_10k`). Whether runs
+*hold* a budget is one rule, :func:`allowed_false_alarms`, that the evaluation's budget
+check and promotion both apply.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ import numpy as np
 from collapse_guard.errors import UserInputError
 
 __all__ = [
+    "BUDGET_FACTOR",
     "DEFAULT_BUDGETS",
     "LEVELS",
     "alarm_starts",
+    "allowed_false_alarms",
     "episode_counts",
     "level_of",
+    "per_10k",
     "threshold_for_episodes",
     "thresholds_from_budgets",
 ]
@@ -48,6 +56,27 @@ LEVELS: tuple[str, ...] = ("watch", "warn", "critical")
 
 # healthy steps between false alarms, per level (see the module docstring)
 DEFAULT_BUDGETS: dict[str, int] = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
+
+# Runs hold a budget with up to twice the false alarms it expects on their healthy steps:
+# false alarms are rare events, and on a few thousand steps one more or less doubles a rate
+BUDGET_FACTOR = 2.0
+
+
+def per_10k(budget_steps: float) -> float:
+    """A budget of one false alarm per ``budget_steps`` healthy steps, as false alarms per
+    10,000 healthy steps (the rate tables and MLflow metrics show)."""
+    return 1e4 / float(budget_steps)
+
+
+def allowed_false_alarms(healthy_steps: int, budget_steps: float) -> int:
+    """The one budget rule: the most false alarms ``healthy_steps`` healthy steps may raise
+    and still hold a budget of one per ``budget_steps``.
+
+    ``BUDGET_FACTOR`` times the count the budget expects, and never fewer than one: on
+    fewer healthy steps than the budget, a single false alarm says nothing against it
+    (4,000 steps at a 10,000-step budget expect 0.4; one is allowed, two are not).
+    """
+    return max(1, math.floor(BUDGET_FACTOR * healthy_steps / float(budget_steps)))
 
 
 def _clean(scores: np.ndarray) -> np.ndarray:

@@ -47,7 +47,6 @@ from collapse_guard.predictor.evaluate.groups import (
     setup_of,
 )
 from collapse_guard.predictor.evaluate.report import (
-    BUDGET_FACTOR,
     HEADLINE,
     BudgetCheck,
     EvalReport,
@@ -59,7 +58,6 @@ from collapse_guard.predictor.evaluate.report import (
 from collapse_guard.predictor.evaluate.scorer import ModelScorer, Scorer
 
 __all__ = [
-    "BUDGET_FACTOR",
     "COLLAPSE_GROUPINGS",
     "GROUPINGS",
     "HEADLINE",

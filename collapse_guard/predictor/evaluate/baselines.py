@@ -52,8 +52,10 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.label import HORIZON
-from collapse_guard.predictor.core.model import DEFAULT_STRIDE
+from collapse_guard.datasets.label import HORIZON, collapse_targets
+from collapse_guard.predictor.core.model import DEFAULT_STRIDE, CollapsePredictor
+from collapse_guard.predictor.evaluate.events import threshold_at_budget
+from collapse_guard.predictor.evaluate.report import scored_runs
 from collapse_guard.signals import signal
 
 __all__ = [
@@ -330,9 +332,6 @@ class _Tuned(Baseline):
     """A baseline whose threshold is tuned on validation runs for a false-alarm budget."""
 
     def _tune(self, validation_runs: Sequence, horizon: int, budget_per_10k: float) -> None:
-        from collapse_guard.predictor.evaluate.events import threshold_at_budget
-        from collapse_guard.predictor.evaluate.report import scored_runs
-
         if not validation_runs:
             self.threshold_ = None
             return
@@ -398,9 +397,6 @@ class ConfigOnlyBaseline(_Tuned):
     def fit(self, train_runs=(), validation_runs=(), *, horizon=HORIZON, budget_per_10k=1.0):
         """Fit on training runs at every ``stride``-th step before onset; tune the threshold
         on validation runs."""
-        from collapse_guard.datasets.label import collapse_targets
-        from collapse_guard.predictor.core.model import CollapsePredictor
-
         if not train_runs:
             raise ValueError(
                 "ConfigOnlyBaseline.fit needs training runs (RunRecords); got none. "

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON
+from collapse_guard.predictor.core.levels import allowed_false_alarms, per_10k
 from collapse_guard.predictor.evaluate.events import (
     MIN_LEAD,
     EventResult,
@@ -55,7 +56,6 @@ from collapse_guard.predictor.evaluate.groups import (
 from collapse_guard.predictor.evaluate.scorer import ModelScorer, Scorer
 
 __all__ = [
-    "BUDGET_FACTOR",
     "HEADLINE",
     "BudgetCheck",
     "EvalReport",
@@ -66,7 +66,6 @@ __all__ = [
 ]
 
 HEADLINE = "headline"  # each scorer at its own out-of-sample point (EvalReport.headline_point)
-BUDGET_FACTOR = 2.0  # a stored level "holds" its budget when FA/10k <= 2x the budget's rate
 _ROC_LIKE = "ROC-like (threshold fitted on test runs)"
 
 _EVENT_COLUMNS = (
@@ -162,23 +161,27 @@ class BudgetCheck:
 
     source: str
     level: str
-    budget_per_10k: float  # the level's budget, as false alarms per 10k healthy steps
+    budget_steps: float  # the level's budget: healthy steps between false alarms
     fa_per_10k: float
     false_alarms: int
     healthy_steps: int
 
     @property
+    def budget_per_10k(self) -> float:
+        return per_10k(self.budget_steps)
+
+    @property
     def expected(self) -> float:
-        """False alarms the budget allows on these healthy steps (< 1: too few to tell)."""
-        return self.budget_per_10k * self.healthy_steps / 1e4
+        """False alarms the budget expects on these healthy steps (< 1: too few to tell)."""
+        return self.healthy_steps / self.budget_steps
 
     @property
     def holds(self) -> bool | None:
-        """Within BUDGET_FACTOR of the budget; None when the runs hold too few healthy steps
-        for the budget to allow even one false alarm and none was raised."""
+        """The one budget rule (``levels.allowed_false_alarms``); None when the runs hold
+        too few healthy steps for the budget to expect one false alarm and none was raised."""
         if self.false_alarms == 0 and self.expected < 1:
             return None
-        return self.fa_per_10k <= BUDGET_FACTOR * self.budget_per_10k
+        return self.false_alarms <= allowed_false_alarms(self.healthy_steps, self.budget_steps)
 
 
 @dataclass
@@ -245,7 +248,15 @@ class EvalReport:
 
     def budget_frame(self) -> pd.DataFrame:
         """One row per (source, level): observed FA/10k beside the level's budget."""
-        rows = [{**asdict(c), "expected": c.expected, "holds": c.holds} for c in self.budget_checks]
+        rows = [
+            {
+                **asdict(c),
+                "budget_per_10k": c.budget_per_10k,
+                "expected": c.expected,
+                "holds": c.holds,
+            }
+            for c in self.budget_checks
+        ]
         columns = ["source", "level", "budget_per_10k", "fa_per_10k", "false_alarms"]
         return pd.DataFrame(rows, columns=[*columns, "healthy_steps", "expected", "holds"])
 
@@ -433,7 +444,7 @@ def _budget_checks(report: EvalReport, budgets: Mapping[str, float]) -> list[Bud
             BudgetCheck(
                 source=r.source,
                 level=level,
-                budget_per_10k=1e4 / float(budgets[level]),
+                budget_steps=float(budgets[level]),
                 fa_per_10k=r.events.fa_per_10k,
                 false_alarms=r.events.false_alarms,
                 healthy_steps=r.events.healthy_steps,

@@ -8,9 +8,10 @@ whichever model it is fitted for). The figures (:class:`WarnScore`):
 - ``recall``: collapses caught 10 to H steps ahead (``MIN_LEAD`` to the model's horizon,
   as the evaluation counts them) over the collapsing runs;
 - ``fa_per_10k``: false-alarm episodes per 10,000 healthy steps;
-- ``within_budget``: the false alarms stay within the warn budget the model promised,
-  with the evaluation's slack (``BUDGET_FACTOR``, 2x) and at least one alarm allowed:
-  on a few thousand healthy steps one false alarm says nothing about a 1-per-10k budget.
+- ``within_budget``: the false alarms stay within the warn budget the model promised, by
+  the one budget rule the evaluation's budget check applies too
+  (``levels.allowed_false_alarms``: 2x slack, and at least one alarm allowed: on a few
+  thousand healthy steps one false alarm says nothing about a 1-per-10k budget).
 
 The rule (:func:`decide`), applied to the challenger against the current champion:
 
@@ -40,14 +41,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collapse_guard.datasets.runs import RunRecord
+from collapse_guard.predictor.core.levels import allowed_false_alarms
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
-from collapse_guard.predictor.evaluate import (
-    BUDGET_FACTOR,
-    MIN_LEAD,
-    ScoredRun,
-    event_metrics,
-)
+from collapse_guard.predictor.evaluate import MIN_LEAD, ScoredRun, event_metrics
 
 __all__ = [
     "WARN",
@@ -68,7 +65,7 @@ class WarnScore:
 
     version: str  # the model's meta["version"], to name it in reasons and logs
     threshold: float  # its stored warn threshold
-    budget_per_10k: float  # its warn budget, as false alarms per 10k healthy steps
+    budget_steps: float  # its warn budget: healthy steps between false alarms
     n_runs: int
     n_collapsed: int
     caught: int
@@ -89,8 +86,7 @@ class WarnScore:
     @property
     def allowed_false_alarms(self) -> int:
         """Most false alarms that still hold the budget (module docstring, point 2)."""
-        expected = self.budget_per_10k * self.healthy_steps / 1e4
-        return max(1, math.floor(BUDGET_FACTOR * expected))
+        return allowed_false_alarms(self.healthy_steps, self.budget_steps)
 
     @property
     def within_budget(self) -> bool:
@@ -157,7 +153,7 @@ def score_at_warn(model: RiskModel, runs: Sequence[RunRecord]) -> WarnScore:
     return WarnScore(
         version=str(model.meta.get("version", "local")),
         threshold=threshold,
-        budget_per_10k=1e4 / float(model.budgets[WARN]),
+        budget_steps=float(model.budgets[WARN]),
         n_runs=events.n_runs,
         n_collapsed=events.n_collapsed,
         caught=events.caught,

@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from collapse_guard.datasets.label import HORIZON
+from collapse_guard.predictor.evaluate.baselines import default_baselines
 from collapse_guard.predictor.evaluate.groups import (
     NEVER_HELD_OUT,
     SETUP_GROUPINGS,
     held_out_group,
 )
 from collapse_guard.predictor.evaluate.report import HEADLINE, EvalReport, evaluate_runs
+from collapse_guard.predictor.training.data import split_runs
+from collapse_guard.predictor.training.train import fit_and_level  # steps 2-5, levels included
 
 __all__ = ["HeldOut", "HoldoutReport", "leave_one_group_out"]
 
@@ -160,12 +163,6 @@ def leave_one_group_out(
     ``levels_by``: as ``train_risk_model``'s; cross-fitted within the training runs only,
     so the held-out group sets nothing.
     """
-    from collapse_guard.predictor.evaluate.baselines import default_baselines
-    from collapse_guard.predictor.training.data import split_runs
-
-    # steps 2-5 of train_risk_model, levels included (imported here: train imports us)
-    from collapse_guard.predictor.training.train import fit_and_level
-
     if by not in SETUP_GROUPINGS:
         raise ValueError(
             f"leave-one-out groups runs by one of {SETUP_GROUPINGS}; got {by!r}. "
