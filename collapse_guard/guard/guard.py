@@ -12,7 +12,8 @@ The guarded loop, drawn once (``<...>`` marks what ``guard.step`` does, in order
             # <CHECK>     the loss is one number; the gradients are this step's (a fresh
             #             backward: else the update is skipped, with one warning)
             # <POLL>      the newest risk answer, if one arrived: level and probability
-            # <UNSCALE>   scaler.unscale_(optimizer) when a GradScaler was given
+            # <UNSCALE>   scaler.unscale_(optimizer) when a GradScaler was given (not
+            #             if the loop did already: Lightning does, for its clipping hook)
             # <MEASURE>   probe.after_backward(loss); per-tensor gradient norms; one sync
             # <DECIDE>    decision.decide(facts): skip / rescue / level actions (pure)
             # <APPLY>     clip (global, outlier layers), LR x multiplier, optimizer.step()
@@ -401,7 +402,7 @@ class Guard:
         self._discard_next = False
         self.loop_lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         self._poll_risk()
-        if self.scaler is not None and self.scaler.is_enabled():
+        if self.scaler is not None and self.scaler.is_enabled() and not self._unscaled():
             self.scaler.unscale_(self.optimizer)
         healthy = self._healthy_decision(s, stale)
         self.probe.host_reads = healthy is None
@@ -609,6 +610,11 @@ class Guard:
         if forced == "checkpoint":
             return replace(decision, checkpoint=True, events=(*decision.events, "checkpoint"))
         return decision
+
+    def _unscaled(self) -> bool:
+        """The scaler already unscaled this step's gradients (unscaling twice is an error)."""
+        state = self.scaler._per_optimizer_states.get(id(self.optimizer), {})
+        return getattr(state.get("stage"), "name", "") == "UNSCALED"
 
     def _amp_overflow(self) -> bool:
         if self.scaler is None or not self.scaler.is_enabled():

@@ -20,7 +20,9 @@ the guard is made at ``on_train_begin``, when it exists)::
 
 The loss must come out of the model (``labels`` in the batch, the Trainer's default
 ``compute_loss``); a ``compute_loss_func`` or label smoothing computes it elsewhere and
-the first step says so. fp16 (a ``GradScaler``) is refused: use bf16 or fp32.
+the first step says so. fp16 works as in a plain loop: accelerate's ``GradScaler``
+scales the backward, the guard unscales once (``max_grad_norm`` is off, so accelerate
+does not), steps it and updates it; the tap divides the scale out of the loss.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class LossTap:
     so ``loss x factor`` summed over the step's micro-batches is the step's loss.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, scaler: Any = None) -> None:
         self._total: torch.Tensor | None = None
+        self._scaler = scaler  # fp16: the backward ran on loss x its scale
         self._handle = model.register_forward_hook(self._forward)
 
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -76,6 +79,9 @@ class LossTap:
     def take(self) -> torch.Tensor | None:
         """The loss summed since the last call (None if no training forward ran)."""
         total, self._total = self._total, None
+        scale = getattr(self._scaler, "_scale", None)  # a device tensor: no sync
+        if total is not None and scale is not None:
+            total = total / scale.float()  # a power of two: exact
         return total
 
     def remove(self) -> None:
@@ -99,8 +105,8 @@ class GuardCallback(TrainerCallback):
     ) -> None:
         if "scaler" in guard_kwargs:
             raise ValueError(
-                "GuardCallback takes no scaler: the Trainer owns its GradScaler (fp16), "
-                "which the callback does not support; train in bf16 or fp32"
+                "GuardCallback takes no scaler: with fp16=True the Trainer's own GradScaler "
+                "is the guard's; drop the scaler argument"
             )
         self.checkpoint_dir = checkpoint_dir
         self.guard_kwargs = guard_kwargs
@@ -113,18 +119,16 @@ class GuardCallback(TrainerCallback):
         self._release()  # a second train() gets a guard of its own
         if model is None or optimizer is None:
             raise RuntimeError("GuardCallback: the Trainer gave no model or optimizer")
-        if getattr(optimizer, "scaler", None) is not None:
-            raise ValueError(
-                "GuardCallback does not support fp16 training (the Trainer's GradScaler "
-                "steps the optimizer); use bf16=True or fp32"
-            )
         kwargs = dict(self.guard_kwargs)
+        scaler = getattr(optimizer, "scaler", None)  # accelerate's, with fp16=True
+        if scaler is not None:
+            kwargs["scaler"] = scaler
         config = policy_with_clip(kwargs.pop("config", None), args.max_grad_norm, "max_grad_norm")
         self._restore = (args, args.max_grad_norm)
         args.max_grad_norm = 0.0  # the guard clips, after it has measured the raw norm
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds it
         self.guard = Guard(model, inner, self.checkpoint_dir, config=config, **kwargs)
-        self._tap = LossTap(model)
+        self._tap = LossTap(model, scaler)
         self._step = OwnedStep(optimizer, self.guard, self._tap.take)
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -15,8 +15,12 @@ How it sits in Lightning's step (2.x; the optimizer exists from ``on_fit_start``
       guard.step(loss)        measure, decide, clip, LR multiplier, the optimizer's own
                               step or a skip, rollback, run file
 
-Automatic and manual optimization both end in that call. One optimizer per module;
-``precision="16-mixed"`` (a ``GradScaler``) is refused: use ``"bf16-mixed"`` or 32.
+Automatic and manual optimization both end in that call. One optimizer per module.
+``precision="16-mixed"`` works as in a plain loop: Lightning scales the backward and
+unscales once (before its clipping hook); its ``scaler.step`` then calls the optimizer's
+step, which is the guard's, and the guard steps and updates the real scaler
+(:class:`GuardedScaler` is what Lightning holds meanwhile). The loss handed to the hook
+is the scaled one: the scale is divided out.
 """
 
 from __future__ import annotations
@@ -37,7 +41,25 @@ except ImportError as error:  # the extra is optional; say which one
 from collapse_guard.guard import Guard
 from collapse_guard.integrations._owned_step import OwnedStep, policy_with_clip
 
-__all__ = ["GuardCallback"]
+__all__ = ["GuardCallback", "GuardedScaler"]
+
+
+class GuardedScaler:
+    """Lightning's ``GradScaler`` while the guard steps: ``scale`` and ``unscale_`` (and
+    everything else) are the real scaler's; ``step`` calls the optimizer's step, which is
+    the guard's, which steps and updates the real scaler; ``update`` is then done."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+    def update(self, new_scale: Any = None) -> None:
+        """Done already: the guard updated the real scaler after its step."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scaler, name)
 
 
 class GuardCallback(Callback):
@@ -56,22 +78,19 @@ class GuardCallback(Callback):
     ) -> None:
         if "scaler" in guard_kwargs:
             raise ValueError(
-                "GuardCallback takes no scaler: Lightning's 16-mixed precision owns its "
-                "GradScaler, which the callback does not support; use bf16-mixed or 32"
+                "GuardCallback takes no scaler: with precision='16-mixed' Lightning's own "
+                "GradScaler is the guard's; drop the scaler argument"
             )
         self.checkpoint_dir = checkpoint_dir
         self.guard_kwargs = guard_kwargs
         self.guard: Guard | None = None
         self._step: OwnedStep | None = None
         self._loss: torch.Tensor | None = None
+        self._plugin: Any = None  # the precision plugin whose scaler is a GuardedScaler
+        self._scaler: Any = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._release()  # a second fit() gets a guard of its own
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            raise ValueError(
-                "GuardCallback does not support precision='16-mixed' (its GradScaler steps "
-                "the optimizer); use 'bf16-mixed' or 32"
-            )
         if len(trainer.optimizers) != 1:
             raise ValueError(
                 f"GuardCallback guards one optimizer; configure_optimizers gave "
@@ -85,6 +104,11 @@ class GuardCallback(Callback):
                 "GuardCallback(config={'clip': ...})"
             )
         kwargs = dict(self.guard_kwargs)
+        plugin = trainer.precision_plugin
+        self._scaler = getattr(plugin, "scaler", None)  # 16-mixed's GradScaler
+        if self._scaler is not None:
+            kwargs["scaler"], self._plugin = self._scaler, plugin
+            plugin.scaler = GuardedScaler(self._scaler)
         config = policy_with_clip(kwargs.pop("config", None), bound, "gradient_clip_val")
         trainer.gradient_clip_val = None  # the guard clips, after it measured the raw norm
         optimizer = trainer.optimizers[0]
@@ -93,6 +117,9 @@ class GuardCallback(Callback):
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         part = loss.detach().float()
+        scale = getattr(self._scaler, "_scale", None)  # 16-mixed: the loss came scaled
+        if scale is not None:
+            part = part / scale.float()  # a power of two: exact, and no sync
         self._loss = part if self._loss is None else self._loss + part
 
     def _take_loss(self) -> torch.Tensor | None:
@@ -108,5 +135,8 @@ class GuardCallback(Callback):
         if self._step is not None:
             self._step.remove()
             self._step = None
+        if self._plugin is not None:
+            self._plugin.scaler = self._scaler
+            self._plugin = None
         if self.guard is not None:
             self.guard.close()

@@ -46,7 +46,7 @@ class Drill(transformers.TrainerCallback):
         self.after[state.global_step - 1] = snapshot(model)
 
 
-def train(tmp_path, actions: dict[int, str], steps: int, config=None, **overrides):
+def train(tmp_path, actions: dict[int, str], steps: int, config=None, scaler=None, **overrides):
     torch.manual_seed(0)
     config_2 = transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32
@@ -71,6 +71,8 @@ def train(tmp_path, actions: dict[int, str], steps: int, config=None, **override
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=Tokens(), callbacks=[guarded, drill]
     )
+    if scaler is not None:  # accelerate makes a GradScaler on a GPU only: here, by hand
+        trainer.accelerator.scaler = scaler
     trainer.train()
     return trainer, guarded.guard, drill
 
@@ -112,3 +114,23 @@ def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
     assert frame["lr"].iloc[5] == pytest.approx(5e-4)  # 1e-3 x the rescue's 0.5
     assert meta.extra["guard"]["rescues"] == 1
     assert (guard.folder / "forensics").is_dir()
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+def test_fp16_with_the_trainers_grad_scaler_is_unscaled_once_as_in_a_plain_loop(tmp_path):
+    _, plain, _ = train(tmp_path / "fp32", {}, steps=4, gradient_accumulation_steps=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # 65536: fp16 overflows
+    trainer, guard, drill = train(
+        tmp_path / "fp16", {}, steps=4, scaler=scaler, gradient_accumulation_steps=2, fp16=True
+    )
+    assert guard.scaler is scaler and not same(drill.before[0], drill.after[3])
+    frame, _ = read_run(guard.run_path)
+    reference, _ = read_run(plain.run_path)
+    assert frame["loss_scale"].tolist() == [1024.0] * 4 and frame["overflow"].sum() == 0
+    # the loss with the scale divided out (the Trainer's logged loss)...
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert frame["loss"].tolist() == pytest.approx(logged, rel=1e-3)
+    # ...and the gradients unscaled once: the fp32 run's norm at the same first step
+    # (not 1/1024 of it: twice; nor 1024 times it: never)
+    assert frame["grad_norm"].iloc[0] == pytest.approx(reference["grad_norm"].iloc[0], rel=0.02)
+    assert int(scaler._growth_tracker) == 4  # one update per step: the guard's alone

@@ -117,3 +117,27 @@ def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
     assert frame["lr"].iloc[3] == pytest.approx(1e-2)
     assert frame["lr"].iloc[5] == pytest.approx(5e-3)  # 1e-2 x the rescue's 0.5
     assert meta.extra["guard"]["rescues"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_16_mixed_with_its_grad_scaler_is_unscaled_once_as_in_a_plain_loop(tmp_path):
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    _, _, plain, _ = fit(tmp_path / "fp32", {}, batches=6)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=1024.0
+    )  # 65536: fp16 overflows  # Lightning makes one on a GPU only: by hand
+    mixed = MixedPrecision("16-mixed", "cpu", scaler=scaler)
+    trainer, module, guard, drill = fit(tmp_path / "fp16", {}, batches=6, plugins=[mixed])
+    assert guard.scaler is scaler and trainer.precision_plugin.scaler is scaler  # put back
+    assert not same(drill.before[0], drill.after[5])
+    frame, _ = read_run(guard.run_path)
+    reference, _ = read_run(plain.run_path)
+    assert frame["loss_scale"].tolist() == [1024.0] * 6 and frame["overflow"].sum() == 0
+    # the hook's loss comes scaled: the scale is divided out
+    assert frame["loss"].tolist() == pytest.approx(module.losses, rel=1e-6)
+    # the gradients unscaled once (Lightning's unscale_, the guard's none): the fp32 run's
+    # norm at the same first step, not 1/1024 (twice) or 1024 times it (never)
+    assert frame["grad_norm"].iloc[0] == pytest.approx(reference["grad_norm"].iloc[0], rel=0.02)
+    assert int(scaler._growth_tracker) == 6  # one update per step: the guard's alone
