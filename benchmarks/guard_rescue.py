@@ -1,66 +1,98 @@
-"""Rescue benchmark: real-run configurations that collapse unguarded, trained five ways.
+"""Rescue benchmark: configurations that collapse unguarded, trained by every arm below.
 
 Issue 10 asks for 30+ seeded configurations from the real-run sampler that collapse
 unguarded, half whose collapse develops over 50+ steps after its trigger and half
 sudden (within 10 steps: an LR jump, a 1-5 step re-warm, a gradient spike, corrupted
-batches), and the share that finish healthy under the guard (target: 80% of each half),
-their final loss against the same configuration at a safe LR, the steps lost to
-rollbacks, compared with the OLMo-core skip-step rule and ZClip alone.
+batches), and the share that finish healthy under the guard, their final loss against
+the same configuration at a safe LR, the steps lost to rollbacks, compared with the
+OLMo-core skip-step rule and ZClip alone. Issue 24 adds per-head QK-clip (with the
+guard, and alone as Kimi K2's rule), the cheaper rescues, and configurations of model
+families drawn part by part (``family="drawn"``).
 
-Configurations. Picked from a finished sweep of ``collapse-guard data real`` (``--sweep``,
-run ``i`` = ``sample_config(seed, i, steps)``; its metadata holds the label, the onset
-kind and the trigger distance), so no run is spent finding collapses: ``develops`` =
-onset 50+ steps after its latest trigger, ``sudden`` = under 10. Within each half the
-configurations are taken round-robin over their mechanism (recipe, or fault / re-warm
-for the sudden ones), in index order, so that no one mechanism fills a half.
+Configurations, from any of:
+
+* ``--sweep DIR``: a finished sweep of ``collapse-guard data real`` (run ``i`` =
+  ``sample_config(seed, i, steps)``; its metadata holds the label, the onset kind and
+  the trigger distance), so no run is spent finding collapses: ``develops`` = onset 50+
+  steps after its latest trigger, ``sudden`` = under 10. Within each half the
+  configurations are taken round-robin over their mechanism (recipe, or fault /
+  re-warm for the sudden ones), in index order, so that no one mechanism fills a half.
+* ``--only I ...`` without a sweep on disk: ``sample_config(seed, I, steps)`` for each
+  index; the unguarded arm is trained here and its own onset gives the half.
+* ``--runs DIR``: the collapsed run files in DIR (``--runs-optimizer`` narrows them),
+  each replayed from the config its metadata holds; its half from that metadata.
+
+A collapse 10-49 steps after its trigger belongs to neither half (``between``): it is
+reported in its own row, never picked from a sweep.
 
 Arms (one run each, the loop of ``runner.train``: nanoGPT's, LR set every step, the
 fault hooks in their places):
 
-==============  ======================================================================
-arm             what
-==============  ======================================================================
-``unguarded``   the configuration as drawn; its losses are read from the sweep's run
-                file (``--rerun-unguarded`` trains it again: the loop below, without
-                the probe, reproduces the sweep; checked on index 48, onset 231 both)
-``guarded``     ``collapse_guard.demo.run_scenario``: ``Guard`` with the bundled model
-                (``RiskModel.load()``), policy defaults, clipping at the config's own
-``safe_lr``     the same configuration with every LR capped at ``SAFE_SHARE`` x the
-                family/optimizer's ``STABLE_EDGE`` (the top of the sampler's
-                ``baseline`` range, healthy in every baseline run): peak LR and re-warm
-                LR capped, LR faults dropped; data and gradient faults kept
-``olmo``        OLMo-core's ``SkipStepOptimizer`` rule (src/olmo_core/optim/
-                skip_step_optimizer.py): skip the update when |z| of the loss or of the
-                pre-clip gradient norm against the previous values (128-step window,
-                judged from 64 values) exceeds 6; every value enters the window
-``zclip``       ZClip (bluorion-com/ZClip, zclip/zclip.py, defaults: EMA alpha 0.97,
-                z 2.5, 25 warmup norms, ``zscore`` mode, ``adaptive_scaling``), the
-                config's own clipping kept as its ``max_grad_norm``
-==============  ======================================================================
+====================  ================================================================
+arm                   what
+====================  ================================================================
+``unguarded``         the configuration as drawn; read from its run file where there is
+                      one (``--rerun-unguarded`` trains it again: the loop below,
+                      without the probe, reproduces the sweep; checked on index 48)
+``guarded``           ``collapse_guard.demo.run_scenario``: ``Guard`` with the bundled
+                      model (``RiskModel.load()``), policy defaults, clipping at the
+                      config's own
+``guarded_qk``        the same with ``qk_clip="always"`` (tau 100)
+``guarded_qk_watch``  the same with ``qk_clip="watch"``
+``qk_alone``          QK-clip alone at tau 100, Kimi K2's rule: no forecast, no
+                      reactive path; the probe's attention pass every 10 steps (the
+                      guard's cadence) gives each head's largest logit, the heads over
+                      tau are scaled at once
+``safe_lr``           every LR capped at ``SAFE_SHARE`` x the family/optimizer's
+                      ``STABLE_EDGE`` (the top of the sampler's ``baseline`` range,
+                      healthy in every baseline run): peak LR and re-warm LR capped, LR
+                      faults dropped; data and gradient faults kept
+``olmo``              OLMo-core's ``SkipStepOptimizer`` rule (src/olmo_core/optim/
+                      skip_step_optimizer.py): skip the update when |z| of the loss or
+                      of the pre-clip gradient norm against the previous values
+                      (128-step window, judged from 64 values) exceeds 6
+``zclip``             ZClip (bluorion-com/ZClip, zclip/zclip.py, defaults: EMA alpha
+                      0.97, z 2.5, 25 warmup norms, ``zscore`` mode,
+                      ``adaptive_scaling``), the config's own clipping kept
+``newest``            ``guarded`` rolling back to the newest healthy checkpoint alone
+                      (``average_span=0``) instead of the mean of its basin
+``rescue_qk``         ``guarded`` with QK-clip from the first rescue on
+                      (``qk_clip="rescue"``) and the weakest LR cap the policy allows
+                      (``rescue_lr=1``: the LR of the checkpoint rolled back to)
+``rescue_both``       QK-clip from the first rescue on and today's cap (0.5x)
+====================  ================================================================
 
-Every arm is labelled on its own losses (``label_run``): "healthy" = no collapse. The
-final loss is the mean of the last 20 finite losses. A run whose loss stays non-finite
-for ``NONFINITE_PATIENCE`` steps is stopped (as the sweep's runner does).
+Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
+collapse, the guard did not give up) *and* trained below its data's bigram entropy
+(``bigram_entropy``: the conditional entropy of the next token given this one over the
+whole token stream; the best 20-step mean loss must be under it): a run that never
+learns more than one token of context is not a rescue. The final loss is the mean of
+the last 20 finite losses. A run whose loss stays non-finite for
+``NONFINITE_PATIENCE`` steps is stopped (as the sweep's runner does).
 
-Resumable: each finished (index, arm) is one JSON line in ``--out``/results.jsonl; a
-rerun skips those already there. The guarded arm is keyed by a hash of the guard's
-source (``collapse_guard/guard/*.py`` and ``demo.py``) and of the bundled model, so a
-change to either reruns only that arm. ``--report-only`` prints the tables from the file.
+Resumable: each finished (configuration, arm) is one JSON line in ``--out``/results.jsonl
+(its losses included); a rerun skips those already there. The guard's arms are keyed by
+a hash of the guard's source (``collapse_guard/guard/*.py`` and ``demo.py``) and of the
+bundled model, so a change to either reruns only them. ``--report-only`` prints the
+tables from the file.
 
 Usage::
 
     OMP_WAIT_POLICY=passive nice -n 10 python benchmarks/guard_rescue.py \\
-        --sweep /root/cg-data/real --out /root/cg-data/rescue --workers 2
+        --only 1 9 11 --runs /root/cg-data/issue20/drawn-mix --runs-optimizer adamw \\
+        --out /root/cg-data/rescue24 --workers 2 --arms unguarded guarded safe_lr
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
 import re
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -69,16 +101,29 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
-__all__ = ["main", "pick_configs", "safe_config"]
+__all__ = ["bigram_entropy", "main", "pick_configs", "result_row", "safe_config", "token_entropy"]
 
-ARMS = ("unguarded", "guarded", "safe_lr", "olmo", "zclip")
-CHEAP_ARMS = ("unguarded", "safe_lr", "olmo", "zclip")
+# the guard's arms: GuardPolicy fields over the demo's own (module docstring)
+GUARD_POLICIES = {
+    "guarded": {},
+    "guarded_qk": {"qk_clip": "always"},
+    "guarded_qk_watch": {"qk_clip": "watch"},
+    "newest": {"average_span": 0},
+    "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0},
+    "rescue_both": {"qk_clip": "rescue"},
+}
+PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
+ARMS = ("unguarded", "guarded", "guarded_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
+ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both")
+HALVES = ("develops", "sudden", "between")
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
 SAFE_SHARE = 0.5  # x STABLE_EDGE: the top of the sampler's healthy baseline range
+QK_TAU = 100.0  # Kimi K2's and Megatron-Core's tau
 FINAL_STEPS = 20
 NONFINITE_PATIENCE = 10
 _ROLLBACK = re.compile(r"rollback:avg\d+@(\d+)")
+_AVERAGED = re.compile(r"rollback:avg(\d+)@")
 _ROOT = Path(__file__).resolve().parents[1]
 # the 30 configurations measured in benchmarks/README.md were picked when the seed-0
 # sweep held its first 125 runs; later runs would change the round-robin's picks
@@ -94,13 +139,23 @@ def _mechanism(config) -> str:
     return "rewarm" if config.rewarm_step else config.recipe
 
 
-def _half(extra: dict) -> str | None:
-    gap = extra.get("trigger_to_onset")
+def _half(gap: int | None) -> str | None:
     if gap is None:
         return None
     if gap >= DEVELOPS_FROM:
         return "develops"
-    return "sudden" if gap < SUDDEN_WITHIN else None
+    return "sudden" if gap < SUDDEN_WITHIN else "between"
+
+
+def _case(index, config, half: str | None, path: Path | None = None) -> dict:
+    return {
+        "index": index,
+        "half": half,
+        "mechanism": _mechanism(config),
+        "recipe": config.recipe,
+        "config": config.to_dict(),
+        "path": path,
+    }
 
 
 def pick_configs(sweep: Path, per_half: int, first: int = FIRST_RUNS) -> list[dict]:
@@ -113,13 +168,12 @@ def pick_configs(sweep: Path, per_half: int, first: int = FIRST_RUNS) -> list[di
     pools: dict[str, dict[str, list]] = {"develops": defaultdict(list), "sudden": defaultdict(list)}
     for path in sorted(sweep.glob("real-s0-[0-9]*.parquet"))[:first]:
         meta = read_meta(path)
-        half = _half(meta.extra) if meta.onset_step is not None else None
-        if half is None:
+        half = _half(meta.extra.get("trigger_to_onset")) if meta.onset_step is not None else None
+        if half not in pools:
             continue
         config = RealRunConfig.from_dict(meta.config)
-        key = config.recipe if half == "develops" else _mechanism(config)
-        index = int(path.stem.rsplit("-", 1)[1])
-        pools[half][key].append({"index": index, "half": half, "mechanism": key, "path": path})
+        case = _case(int(path.stem.rsplit("-", 1)[1]), config, half, path)
+        pools[half][_mechanism_in(case, half)].append(case)
     picked = []
     for pool in pools.values():
         queues = [deque(v) for _, v in sorted(pool.items())]
@@ -136,6 +190,39 @@ def pick_configs(sweep: Path, per_half: int, first: int = FIRST_RUNS) -> list[di
     )
 
 
+def sampler_cases(seed: int, indices: list[int], steps: int) -> list[dict]:
+    """Sweep indices without the sweep: the half comes from the unguarded arm's run."""
+    from collapse_guard.datasets.real.sampler import sample_config
+
+    return [_case(i, sample_config(seed, i, steps), None) for i in indices]
+
+
+def run_file_cases(folder: Path, optimizer: str | None = None) -> list[dict]:
+    """The collapsed runs in ``folder`` (of ``optimizer``, if given), named by the tail of
+    their run id (``drawn-00012``), replayed from their stored config."""
+    from collapse_guard.datasets.real.config import RealRunConfig
+    from collapse_guard.datasets.runfile import read_meta
+
+    paths = sorted(folder.glob("*.parquet"))
+    if not paths:
+        raise FileNotFoundError(f"--runs {folder}: expected run files (*.parquet), found none")
+    cases = []
+    for path in paths:
+        meta = read_meta(path)
+        config = RealRunConfig.from_dict(meta.config)
+        if meta.onset_step is None or optimizer not in (None, config.optimizer):
+            continue
+        name = meta.run_id.rsplit(".", 1)[-1]
+        cases.append(_case(name, config, _half(meta.extra.get("trigger_to_onset")), path))
+    return cases
+
+
+def _mechanism_in(case: dict, half: str | None) -> str:
+    """What a half's round-robin and tables group by: the recipe for a collapse that
+    develops, the fault or re-warm for a sudden one."""
+    return case["recipe"] if half == "develops" else case["mechanism"]
+
+
 def safe_config(config):
     """``config`` with every LR capped at ``SAFE_SHARE`` x its edge (module docstring)."""
     from collapse_guard.datasets.real.sampler import STABLE_EDGE
@@ -147,6 +234,32 @@ def safe_config(config):
     if config.fault in ("lr_jump", "lr_ramp"):
         changes.update(fault="none", fault_scale=1.0)
     return replace(config, **changes)
+
+
+def token_entropy(tokens, vocab: int) -> float:
+    """H(next | this) of a token stream, in nats, from its bigram counts."""
+    import numpy as np
+
+    tokens = np.asarray(tokens, dtype=np.int64)
+    pairs = np.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab)
+    joint = pairs.reshape(vocab, vocab) / pairs.sum()
+    given = joint.sum(axis=1, keepdims=True)
+    seen = joint > 0
+    return float(-(joint[seen] * np.log((joint / np.where(given > 0, given, 1.0))[seen])).sum())
+
+
+@functools.cache
+def _stream_entropy(data: str, vocab: int) -> float:
+    from collapse_guard.datasets.real.corpus import load_corpus
+    from collapse_guard.datasets.real.language import load_language
+
+    return token_entropy(load_corpus() if data == "bytes" else load_language(vocab), vocab)
+
+
+def bigram_entropy(config) -> float:
+    """H(next token | this token) over the run's whole token stream, in nats: the loss a
+    model reaches with no context beyond one token."""
+    return _stream_entropy(config.data, config.vocab_size)
 
 
 # ------------------------------------------------------------------ the cheap arms
@@ -209,6 +322,22 @@ class ZClip:
         return effective
 
 
+class KimiClip:
+    """QK-clip alone (the ``qk_alone`` arm): the probe's attention pass gives each head's
+    largest pre-softmax logit; the heads over tau are clipped right after that pass."""
+
+    def __init__(self, net, optimizer, tau: float = QK_TAU) -> None:
+        from collapse_guard.guard.qk_clip import QKClip
+        from collapse_guard.probe import Probe
+
+        self.probe, self.qk, self.clips = Probe(net, optimizer), QKClip(net, tau), 0
+
+    def after_step(self) -> None:
+        self.probe.after_step()
+        if self.probe.last_pass is not None:
+            self.clips += len(self.qk.apply(self.qk.plan(self.probe.last_pass.attention)))
+
+
 def _rule_for(config, rule: str):
     if rule == "olmo":
         return OLMoSkip()
@@ -234,7 +363,8 @@ def first_divergence(config, rule: str, losses, norms) -> int | None:
 
 
 def train_plain(config, rule: str = "none") -> dict:
-    """The runner's loop without the probe; ``rule``: ``none``, ``olmo`` or ``zclip``."""
+    """The runner's loop without the guard; ``rule``: ``none``, ``olmo``, ``zclip`` or
+    ``qk`` (QK-clip alone)."""
     import torch
 
     from collapse_guard.datasets.real.data import BatchSource
@@ -248,6 +378,7 @@ def train_plain(config, rule: str = "none") -> dict:
     state = _rule_for(config, rule)
     olmo = state if isinstance(state, OLMoSkip) else None
     zclip = state if isinstance(state, ZClip) else None
+    kimi = KimiClip(net, optimizer) if rule == "qk" else None
     losses, acted, streak = [], 0, 0
     for step in range(config.steps):
         for group in optimizer.param_groups:
@@ -255,6 +386,8 @@ def train_plain(config, rule: str = "none") -> dict:
         _, loss = net(*faults.batch(step, *batches.next(), generator))
         loss.backward()
         faults.after_backward(step, net)
+        if kimi:
+            kimi.probe.after_backward(loss)
         norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
         bound = zclip.bound(norm) if zclip else (config.grad_clip or None)
         if bound is not None and norm > bound:
@@ -265,11 +398,16 @@ def train_plain(config, rule: str = "none") -> dict:
             optimizer.step()
         else:
             acted += 1
+        if kimi:
+            kimi.after_step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(value)
         streak = 0 if math.isfinite(value) else streak + 1
         if streak >= NONFINITE_PATIENCE:
             break
+    if kimi:
+        kimi.probe.close()
+        acted = kimi.clips
     return {"losses": losses, "acted": zclip.spikes if zclip else acted}
 
 
@@ -296,72 +434,109 @@ def _final(losses: list[float]) -> float:
     return sum(tail) / len(tail) if tail else math.nan
 
 
+def _best(losses: list[float]) -> float:
+    """The lowest mean of ``FINAL_STEPS`` consecutive finite losses (inf: none)."""
+    finite = [x for x in losses if math.isfinite(x)]
+    if len(finite) < FINAL_STEPS:
+        return math.inf
+    window = sum(finite[:FINAL_STEPS])
+    best = window
+    for old, new in zip(finite, finite[FINAL_STEPS:], strict=False):
+        window += new - old
+        best = min(best, window)
+    return best / FINAL_STEPS
+
+
 def _steps_lost(events: list[tuple[int, str]]) -> int:
     """Steps undone by rollbacks: each rescue step minus the step its checkpoint holds."""
     return sum(step - int(m.group(1)) for step, e in events if (m := _ROLLBACK.match(e)))
 
 
-def _run_guarded(config) -> dict:
+def _run_guarded(config, policy: dict) -> dict:
+    from collapse_guard.datasets.runfile import read_run
     from collapse_guard.demo import run_scenario
     from collapse_guard.predictor import RiskModel
 
     with tempfile.TemporaryDirectory(prefix="guard-rescue-") as out:
-        run = run_scenario(config, RiskModel.load(), guarded=True, out=Path(out))
+        run = run_scenario(config, RiskModel.load(), guarded=True, out=Path(out), policy=policy)
+        frame, _ = read_run(next(Path(out).glob("*.parquet")))
     kinds = Counter(e.split(":")[0] for _, e in run.events)
+    logit_max = frame["attn_logit_max"].max()  # NaN: never probed
     return {
+        "logit_max": float(logit_max) if math.isfinite(logit_max) else None,
+        "averaged": max(
+            (int(m.group(1)) for _, e in run.events if (m := _AVERAGED.match(e))), default=0
+        ),
         "losses": run.losses,
         "rescues": kinds["rescue"],
         "skips": kinds["skip"],
+        "qk_clips": kinds["qk_clip"],
         "steps_lost": _steps_lost(run.events),
         "gave_up": run.gave_up,
         "first_warning": run.first_warning,
     }
 
 
-def _from_sweep(path: str) -> dict:
+def _from_run_file(path: str) -> dict:
     from collapse_guard.datasets.runfile import read_run
 
     frame, _ = read_run(path)
     return {"losses": frame["loss"].tolist(), "norms": frame["grad_norm"].tolist()}
 
 
+def _train(task: dict, config) -> dict:
+    arm = task["arm"]
+    stored = _from_run_file(task["path"]) if task.get("path") else None
+    if arm == "unguarded" and stored:
+        return {"losses": stored["losses"], "source": "run file"}
+    if arm in ("olmo", "zclip") and stored:
+        if first_divergence(config, arm, stored["losses"], stored["norms"]) is None:
+            return {"losses": stored["losses"], "acted": 0, "source": "run file (never acts)"}
+    if arm in GUARD_POLICIES:
+        return _run_guarded(config, GUARD_POLICIES[arm])
+    if arm == "safe_lr":
+        return train_plain(safe_config(config))
+    return train_plain(config, {"qk_alone": "qk"}.get(arm, arm if arm != "unguarded" else "none"))
+
+
+def result_row(task: dict, config, result: dict, seconds: float) -> dict:
+    """The JSON line of one (configuration, arm) from its trained ``result``."""
+    from collapse_guard.datasets.real.onset import onset_kind
+
+    losses = result.pop("losses")
+    onset, kind = _label(losses)
+    _, gap = onset_kind(config.triggers(), onset)
+    bigram, best = bigram_entropy(config), _best(losses)
+    healthy = onset is None and not result.get("gave_up", False)
+    return {
+        **{k: task[k] for k in ("index", "half", "mechanism", "recipe", "arm", "key")},
+        "onset": onset,
+        "kind": kind,
+        "gap": gap,
+        "healthy": healthy,
+        "saved": healthy and best < bigram,
+        "final_loss": _final(losses),
+        "best_loss": best,
+        "bigram": round(bigram, 4),
+        "steps_run": len(losses),
+        "seconds": round(seconds, 1),
+        **result,
+        "losses": [round(x, 4) if math.isfinite(x) else x for x in losses],
+    }
+
+
 def run_task(task: dict) -> dict:
     """Train one (configuration, arm); the JSON line of its result."""
     import torch
 
-    from collapse_guard.datasets.real.sampler import sample_config
+    from collapse_guard.datasets.real.config import RealRunConfig
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # preflight: small models train above the seed's LRs
-    config = sample_config(task["seed"], task["index"], task["steps"])
+    config = RealRunConfig.from_dict(task["config"])
     began = time.perf_counter()
-    arm = task["arm"]
-    sweep = _from_sweep(task["path"]) if task.get("path") else None
-    if arm == "unguarded" and sweep:
-        result = {"losses": sweep["losses"], "source": "sweep"}
-    elif (
-        arm in ("olmo", "zclip")
-        and sweep
-        and (first_divergence(config, arm, sweep["losses"], sweep["norms"]) is None)
-    ):
-        result = {"losses": sweep["losses"], "acted": 0, "source": "sweep (rule never acts)"}
-    elif arm == "guarded":
-        result = _run_guarded(config)
-    else:
-        arm_config = safe_config(config) if arm == "safe_lr" else config
-        result = train_plain(arm_config, arm if arm in ("olmo", "zclip") else "none")
-    losses = result.pop("losses")
-    onset, kind = _label(losses)
-    return {
-        **{k: task[k] for k in ("index", "half", "mechanism", "arm", "key")},
-        "onset": onset,
-        "kind": kind,
-        "healthy": onset is None and not result.get("gave_up", False),
-        "final_loss": _final(losses),
-        "steps_run": len(losses),
-        "seconds": round(time.perf_counter() - began, 1),
-        **result,
-    }
+    result = _train(task, config)
+    return result_row(task, config, result, time.perf_counter() - began)
 
 
 # ------------------------------------------------------------------ driver
@@ -369,7 +544,7 @@ def run_task(task: dict) -> dict:
 
 def guard_key() -> str:
     """Hash of the guard's source and the bundled model: a change to either reruns only
-    the guarded arm."""
+    the guard's arms."""
     digest = hashlib.sha256()
     files = sorted((_ROOT / "collapse_guard" / "guard").glob("*.py"))
     model = sorted((_ROOT / "collapse_guard" / "predictor" / "default_model").glob("*"))
@@ -378,7 +553,7 @@ def guard_key() -> str:
     return digest.hexdigest()[:12]
 
 
-def _done(results: Path) -> dict[tuple[int, str, str], dict]:
+def _done(results: Path) -> dict[tuple, dict]:
     rows = {}
     if results.exists():
         for line in results.read_text().splitlines():
@@ -388,28 +563,59 @@ def _done(results: Path) -> dict[tuple[int, str, str], dict]:
     return rows
 
 
+def same_as_guarded(arm: str, guarded: dict) -> str | None:
+    """Why ``arm`` would train the very run the ``guarded`` arm trained, or None.
+
+    Each of these arms differs from ``guarded`` only from an event on: a head over tau at
+    a probe pass (the QK-clip arms plan from the same passes, and nothing else in them
+    differs), a first rescue (``rescue_*``), a rollback that averaged more than one
+    checkpoint (``newest``). A guarded run without that event is the arm's run, bit for
+    bit, and need not be trained again.
+    """
+    if arm in ("guarded_qk", "guarded_qk_watch"):
+        top = guarded.get("logit_max")
+        return (
+            f"no head over tau (max logit {top:.1f})" if top is not None and top <= QK_TAU else None
+        )
+    if arm in ("rescue_qk", "rescue_both"):
+        return "no rescue" if guarded.get("rescues") == 0 else None
+    if arm == "newest" and "averaged" in guarded:
+        return "no rollback averaged" if guarded["averaged"] <= 1 else None
+    return None
+
+
+def _copies(args, configs: list[dict], done: dict) -> list[dict]:
+    """The rows of arms whose run is the guarded one (``same_as_guarded``)."""
+    current, rows = guard_key(), []
+    for arm in args.arms:
+        for c in configs:
+            guarded = done.get((c["index"], "guarded", current))
+            if arm == "guarded" or (c["index"], arm, current) in done or guarded is None:
+                continue
+            why = same_as_guarded(arm, guarded)
+            if why is not None:
+                rows.append({**guarded, "arm": arm, "seconds": 0.0, "source": f"guarded: {why}"})
+    return rows
+
+
 def _tasks(args, configs: list[dict], done: dict) -> list[dict]:
-    key = {"guarded": guard_key()}
+    current = guard_key()
     tasks = []
     pairs = [(arm, c) for arm in args.arms for c in configs]  # arm by arm, in --arms order
     if args.by_config:  # configuration by configuration: complete rows first
         pairs = [(arm, c) for c in configs for arm in args.arms]
     for arm, c in pairs:
-        k = key.get(arm, "-")
-        if (c["index"], arm, k) in done:
+        key = current if arm in GUARD_POLICIES else "-"
+        if (c["index"], arm, key) in done:
             continue
-        rerun = args.rerun_unguarded and arm == "unguarded"
-        path = None if rerun or arm in ("guarded", "safe_lr") else str(c["path"])
+        stored = c["path"] is not None and arm in ("unguarded", "olmo", "zclip")
+        reread = stored and not (args.rerun_unguarded and arm == "unguarded")
         tasks.append(
             {
-                "index": c["index"],
-                "half": c["half"],
-                "mechanism": c["mechanism"],
+                **{k: c[k] for k in ("index", "half", "mechanism", "recipe", "config")},
                 "arm": arm,
-                "key": k,
-                "seed": args.seed,
-                "steps": args.steps,
-                "path": path,
+                "key": key,
+                "path": str(c["path"]) if reread else None,
             }
         )
     return tasks
@@ -419,41 +625,50 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
-def report(results: Path, current: str) -> None:
-    """The per-configuration and per-half tables (markdown) from the results file; the
-    guarded arm's rows are those of guard source ``current``."""
-    done = _done(results)
-    by: dict[int, dict[str, dict]] = defaultdict(dict)
+def _outcome(row: dict | None) -> str:
+    if row is None:
+        return "..."
+    if row.get("gave_up"):
+        return "gave up"
+    if not row["healthy"]:
+        return f"collapsed {row['onset']}"
+    return "healthy" if row.get("saved", True) else f"unlearned {row['best_loss']:.2f}"
+
+
+def _by_config(done: dict, current: str) -> dict:
+    """index -> arm -> row (the guard's arms: those of guard source ``current``), each
+    row's half and mechanism those of its configuration: the unguarded run's own where
+    the configuration came without one (``--only`` without a sweep)."""
+    by: dict = defaultdict(dict)
     for (index, arm, key), row in done.items():
-        if arm != "guarded" or key == current:
+        if arm not in GUARD_POLICIES or key == current:
             by[index][arm] = row
+    for arms in by.values():
+        first = arms.get("unguarded") or next(iter(arms.values()))
+        half = first["half"] or _half(arms["unguarded"]["gap"] if "unguarded" in arms else None)
+        for row in arms.values():
+            row["half"], row["group"] = half, _mechanism_in(row, half)
+    return by
+
+
+def _sort_key(index) -> tuple:
+    return (isinstance(index, str), index)
+
+
+def report(results: Path, current: str) -> None:
+    """The per-configuration and per-arm tables (markdown) from the results file; the
+    guard's arms are those of guard source ``current``."""
+    by = _by_config(_done(results), current)
     print(f"guard source key {current}; results in {results}\n")
-    print(
-        "| index | half | mechanism | unguarded onset | guarded | rescues | steps lost | "
-        "final loss guarded / safe LR | OLMo skip | ZClip |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for index in sorted(by):
-        arms = by[index]
-        first = next(iter(arms.values()))
-        g = arms.get("guarded")
-        cells = [str(index), first["half"], first["mechanism"]]
-        cells.append(_outcome(arms.get("unguarded")))
-        cells.append(_outcome(g))
-        cells += [str(g["rescues"]) if g else "-", str(g["steps_lost"]) if g else "-"]
-        safe = arms.get("safe_lr")
-        cells.append(
-            f"{_fmt(g and g['final_loss'])} / {_fmt(safe and safe['final_loss'])}"
-            f"{'' if safe is None or safe['healthy'] else ' (safe collapsed)'}"
-        )
-        cells += [_outcome(arms.get("olmo")), _outcome(arms.get("zclip"))]
-        print("| " + " | ".join(cells) + " |")
+    _config_table(by)
     print()
-    _half_table(by)
+    _arm_table(by)
+    print()
+    _average_table(by)
     walls = defaultdict(list)
     for arms in by.values():
         for arm, row in arms.items():
-            if row.get("source") is None:  # trained here, not read from the sweep
+            if row.get("source") is None:  # trained here, not read from a run file
                 walls[arm].append(row["seconds"])
     print(
         "\nmedian wall per run: "
@@ -464,49 +679,129 @@ def report(results: Path, current: str) -> None:
     )
 
 
-def _outcome(row: dict | None) -> str:
-    if row is None:
-        return "..."
-    if row.get("gave_up"):
-        return "gave up"
-    return "healthy" if row["healthy"] else f"collapsed {row['onset']}"
+_SHOWN = ("guarded", "guarded_qk", "guarded_qk_watch", "qk_alone", "olmo", "zclip", "safe_lr")
 
 
-def _half_table(by: dict[int, dict[str, dict]]) -> None:
+def _config_table(by: dict) -> None:
     print(
-        "| half | configs | healthy: unguarded | guarded | OLMo skip-step | ZClip | safe LR | "
-        "guarded - safe LR final loss (median) | steps lost to rollbacks (total, median) | "
-        "rescues |"
+        "| config | half | mechanism | bigram | unguarded | guarded | + QK always | + QK watch | "
+        "QK alone | OLMo skip | ZClip | safe LR | final loss guarded / + QK always / safe LR "
+        "| rescues, steps lost (guarded) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for half in ("develops", "sudden"):
-        rows = [a for a in by.values() if next(iter(a.values()))["half"] == half]
-        cells = [half, str(len(rows))]
-        for arm in ("unguarded", "guarded", "olmo", "zclip", "safe_lr"):
-            got = [a[arm]["healthy"] for a in rows if arm in a]
-            cells.append(f"{sum(got)}/{len(got)}" if got else "-")
-        gaps = [
-            a["guarded"]["final_loss"] - a["safe_lr"]["final_loss"]
-            for a in rows
-            if "guarded" in a and "safe_lr" in a
-        ]
-        gaps = [g for g in gaps if math.isfinite(g)]
-        cells.append(_fmt(statistics.median(gaps), "+.3f") if gaps else "-")
-        lost = [a["guarded"]["steps_lost"] for a in rows if "guarded" in a]
-        cells.append(f"{sum(lost)}, {statistics.median(lost):.0f}" if lost else "-")
-        cells.append(str(sum(a["guarded"]["rescues"] for a in rows if "guarded" in a)))
+    print("|" + "---|" * 14)
+    for index in sorted(by, key=_sort_key):
+        arms = by[index]
+        first = next(iter(arms.values()))
+        g, q, safe = (arms.get(a) for a in ("guarded", "guarded_qk", "safe_lr"))
+        cells = [str(index), str(first["half"]), first["group"], _fmt(first.get("bigram"), ".2f")]
+        cells += [_outcome(arms.get(a)) for a in ("unguarded", *_SHOWN)]
+        cells.append(" / ".join(_fmt(r and r["final_loss"]) for r in (g, q, safe)))
+        cells.append(f"{g['rescues']}, {g['steps_lost']}" if g else "-")
         print("| " + " | ".join(cells) + " |")
 
 
-def main() -> None:
+def _gap_to_safe(pairs: list[tuple[dict, dict]]) -> list[float]:
+    """Final loss minus the safe-LR run's, where both were saved."""
+    gaps = [a["final_loss"] - s["final_loss"] for a, s in pairs if a["saved"] and s["saved"]]
+    return [g for g in gaps if math.isfinite(g)]
+
+
+def _median(values: list[float], spec: str) -> str:
+    return _fmt(statistics.median(values), spec) if values else "-"
+
+
+def _arm_table(by: dict) -> None:
+    halves = [h for h in HALVES if any(next(iter(a.values()))["half"] == h for a in by.values())]
+    head = ["arm"] + [f"saved: {h}" for h in halves]
+    head += [f"final - safe LR, {h} (median, both saved)" for h in halves]
+    head += [f"steps lost, {h} (median, total)" for h in halves]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for arm in ARMS:
+        rows = {h: [a for a in by.values() if arm in a and a[arm]["half"] == h] for h in halves}
+        if not any(rows.values()):
+            continue
+        saved = [f"{sum(a[arm]['saved'] for a in rows[h])}/{len(rows[h])}" for h in halves]
+        gaps = [
+            _median(
+                _gap_to_safe([(a[arm], a["safe_lr"]) for a in rows[h] if "safe_lr" in a]), "+.3f"
+            )
+            for h in halves
+        ]
+        lost = []
+        for h in halves:
+            steps = [a[arm]["steps_lost"] for a in rows[h] if "steps_lost" in a[arm]]
+            lost.append(f"{statistics.median(steps):.0f}, {sum(steps)}" if steps else "-")
+        print("| " + " | ".join([arm, *saved, *gaps, *lost]) + " |")
+
+
+def _average_table(by: dict) -> None:
+    """Rollback to the basin's mean (``guarded``) against the newest checkpoint alone
+    (``newest``), per collapse kind: configurations with both arms only."""
+    both = [a for a in by.values() if "guarded" in a and "newest" in a]
+    if not both:
+        return
+    print(
+        "| half | mechanism | configs | saved: mean / newest | final - safe LR: mean / newest "
+        "(median, both saved) | steps lost: mean / newest (median) |"
+    )
+    print("|---|---|---|---|---|---|")
+    groups = defaultdict(list)
+    for arms in both:
+        groups[arms["guarded"]["half"], arms["guarded"]["group"]].append(arms)
+    for (half, group), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        cells = [str(half), group, str(len(rows))]
+        cells.append(
+            " / ".join(str(sum(a[arm]["saved"] for a in rows)) for arm in ("guarded", "newest"))
+        )
+        gaps = []
+        for arm in ("guarded", "newest"):
+            gaps.append(
+                _median(
+                    _gap_to_safe([(a[arm], a["safe_lr"]) for a in rows if "safe_lr" in a]), "+.3f"
+                )
+            )
+        cells.append(" / ".join(gaps))
+        cells.append(
+            " / ".join(
+                f"{statistics.median(a[arm]['steps_lost'] for a in rows):.0f}"
+                for arm in ("guarded", "newest")
+            )
+        )
+        print("| " + " | ".join(cells) + " |")
+
+
+def _cases(args) -> list[dict]:
+    """The configurations the arguments name (module docstring)."""
+    cases = []
+    if args.only and not args.sweep.exists():
+        cases += sampler_cases(args.seed, args.only, args.steps)
+    elif args.sweep.exists() and (args.only or not args.runs):
+        picked = pick_configs(args.sweep, args.per_half, args.first)
+        cases += [c for c in picked if not args.only or c["index"] in args.only]
+    for folder in args.runs:
+        cases += run_file_cases(folder, args.runs_optimizer)
+    if not cases:
+        raise FileNotFoundError(
+            f"no configurations: {args.sweep} is not a sweep folder and neither --only nor "
+            "--runs was given; pass --only INDEX ... (drawn by the sampler) or --runs DIR"
+        )
+    return cases
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", type=Path, default=Path("/root/cg-data/real"))
     parser.add_argument("--out", type=Path, default=Path("guard-rescue"))
     parser.add_argument("--per-half", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0, help="the sweep's sampler seed")
     parser.add_argument("--steps", type=int, default=1000, help="the sweep's steps per run")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--only", type=int, nargs="*", help="these sweep indices only")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:8]))
+    parser.add_argument(
+        "--only", type=int, nargs="*", help="these sweep indices only (no sweep: sampled)"
+    )
+    parser.add_argument("--runs", type=Path, action="append", default=[], help="run files")
+    parser.add_argument("--runs-optimizer", help="of --runs, only this optimizer's")
     parser.add_argument(
         "--first",
         type=int,
@@ -519,27 +814,44 @@ def main() -> None:
         "--by-config", action="store_true", help="all arms of a configuration before the next"
     )
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--guard-key", help="report the guarded runs of this guard source hash")
-    args = parser.parse_args()
+    parser.add_argument("--guard-key", help="report the guard's runs of this guard source hash")
+    return parser
+
+
+def _run(args, results: Path) -> None:
+    try:
+        configs = _cases(args)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    done = _done(results)
+    copies = _copies(args, configs, done)
+    with results.open("a") as handle:
+        for row in copies:
+            handle.write(json.dumps(row) + "\n")
+            done[row["index"], row["arm"], row["key"]] = row
+    tasks = _tasks(args, configs, done)
+    print(f"{len(copies)} runs are the guarded arm's (same_as_guarded)", flush=True)
+    print(f"{len(configs)} configurations, {len(tasks)} runs to do", flush=True)
+    began = time.perf_counter()
+    with get_context("spawn").Pool(args.workers) as pool:
+        for row in pool.imap_unordered(run_task, tasks):
+            with results.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(
+                f"{row['index']!s:>10} {row['arm']:16s} {_outcome(row):16s} "
+                f"final {_fmt(row['final_loss'])} {row['seconds']:.0f} s",
+                flush=True,
+            )
+    print(f"wall {time.perf_counter() - began:.0f} s", flush=True)
+
+
+def main() -> None:
+    args = _parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     if not args.report_only:
-        configs = pick_configs(args.sweep, args.per_half, args.first)
-        if args.only:
-            configs = [c for c in configs if c["index"] in args.only]
-        tasks = _tasks(args, configs, _done(results))
-        print(f"{len(configs)} configurations, {len(tasks)} runs to do", flush=True)
-        began = time.perf_counter()
-        with get_context("spawn").Pool(args.workers) as pool:
-            for row in pool.imap_unordered(run_task, tasks):
-                with results.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                print(
-                    f"{row['index']:5d} {row['arm']:9s} {_outcome(row):16s} "
-                    f"final {_fmt(row['final_loss'])} {row['seconds']:.0f} s",
-                    flush=True,
-                )
-        print(f"wall {time.perf_counter() - began:.0f} s", flush=True)
+        _run(args, results)
     report(results, args.guard_key or guard_key())
 
 

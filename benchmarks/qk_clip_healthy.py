@@ -10,9 +10,18 @@ against is the spread of the final loss across seeds of the same arm.
 Data: a seeded first-order Markov chain over ``--vocab`` tokens (each token has 4 likely
 successors), so the loss has a floor below log(vocab) that training approaches.
 
+``--cost``: QK-clip's own time on the guard's path instead, on one model (the 6-layer
+d256 8-head benchmark model by default: ``--layers 6 --width 256 --heads 8 --batch 16
+--seq 128``): the plan made at a probe pass from its captures (every
+``ProbeConfig.attention_every`` steps; the per-head maxima it reads are the probe's own
+``attn_logit_max`` work, in the probe-overhead row), a clip of every head when one is
+planned, and one training step (forward, backward, AdamW), each the median of repeats.
+
 Usage::
 
     OMP_WAIT_POLICY=passive python benchmarks/qk_clip_healthy.py --seeds 3 --steps 300
+    OMP_WAIT_POLICY=passive python benchmarks/qk_clip_healthy.py --cost --layers 6 \\
+        --width 256 --heads 8 --batch 16 --seq 128
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import math
 import statistics
 import tempfile
+import time
 import warnings
 
 import torch
@@ -28,6 +38,9 @@ import torch
 from collapse_guard.datasets.real.model import GPT, GPTConfig
 from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
+from collapse_guard.guard.qk_clip import QKClip
+from collapse_guard.probe import ProbeConfig
+from collapse_guard.probe.capture import capture_attention, isolated
 
 __all__ = ["main"]
 
@@ -51,7 +64,7 @@ def _batches(chain: torch.Tensor, batch: int, seq: int, seed: int):
         yield tokens[:, :-1], tokens[:, 1:]
 
 
-def _run(args: argparse.Namespace, seed: int, mode: str) -> dict[str, float]:
+def _model(args: argparse.Namespace, seed: int) -> GPT:
     torch.manual_seed(seed)
     config = GPTConfig(
         vocab_size=args.vocab,
@@ -60,7 +73,53 @@ def _run(args: argparse.Namespace, seed: int, mode: str) -> dict[str, float]:
         n_head=args.heads,
         d_model=args.width,
     )
-    model = GPT(config)
+    return GPT(config)
+
+
+def _median_ms(work, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - began)
+    return 1e3 * statistics.median(times)
+
+
+def _cost(args: argparse.Namespace) -> None:
+    """QK-clip's time against a training step (module docstring, ``--cost``)."""
+    model = _model(args, 0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
+    x, y = next(_batches(_chain(args.vocab, 0), args.batch, args.seq, 0))
+
+    def step() -> None:
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step_ms = _median_ms(step, args.cost_steps)
+    with isolated(model), capture_attention(model) as captures:
+        model(x)
+    healthy = QKClip(model, args.tau)
+    plan_ms = _median_ms(lambda: healthy.plan(captures), 50)
+    every_head = QKClip(model, 1e-6)  # every head whose largest logit is positive
+    plan = every_head.plan(captures)
+    clipped = len(every_head.apply(plan))
+    apply_ms = _median_ms(lambda: every_head.apply(plan), 20)
+    period = ProbeConfig().attention_every
+    print(f"{args.layers} layers, d{args.width}, {args.heads} heads, batch {args.batch}x{args.seq}")
+    print(f"training step {step_ms:.1f} ms (median of {args.cost_steps})")
+    print(f"plan at a probe pass, no head over tau {args.tau:g}: {plan_ms:.3f} ms")
+    print(f"clip of {clipped} heads (every head over tau 1e-6): {apply_ms:.3f} ms")
+    share = 100 / period / step_ms  # percent of a step per ms spent at each probe pass
+    print(
+        f"per step at attention_every {period}: plan {plan_ms * share:.4f} % of a step; "
+        f"plan and that clip {(plan_ms + apply_ms) * share:.4f} %"
+    )
+
+
+def _run(args: argparse.Namespace, seed: int, mode: str) -> dict[str, float]:
+    model = _model(args, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
     policy = {"qk_clip": mode, "qk_clip_tau": args.tau}
     data = _batches(_chain(args.vocab, 0), args.batch, args.seq, seed)
@@ -98,8 +157,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--cost", action="store_true", help="QK-clip's time, not final losses")
+    parser.add_argument("--cost-steps", type=int, default=5, help="training steps timed")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.cost:
+        _cost(args)
+        return
     print(f"a uniform guess scores log(vocab) = {math.log(args.vocab):.3f} nats")
     print("seed  final off  final always  diff      clips  max attn logit (off / always)")
     finals = {"off": [], "always": []}

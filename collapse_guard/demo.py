@@ -115,9 +115,12 @@ def scenario(steps: int, lr: float, rewarm_at: int, rewarm_steps: int, rewarm_lr
     )
 
 
-def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoRun:
+def run_scenario(
+    config, model, guarded: bool, out: Path | None = None, policy: Mapping | None = None
+) -> DemoRun:
     """Train ``config`` once, nanoGPT's way (the loop sets the LR every step), with its
-    fault if it has one (``datasets/real/faults.py``, hooked where ``runner.train`` does)."""
+    fault if it has one (``datasets/real/faults.py``, hooked where ``runner.train`` does);
+    ``policy``: ``GuardPolicy`` fields over the demo's own (benchmarks/guard_rescue.py)."""
     import torch
 
     from collapse_guard.datasets.label import label_run
@@ -135,8 +138,8 @@ def run_scenario(config, model, guarded: bool, out: Path | None = None) -> DemoR
     batches, faults = BatchSource(config, generator), FaultInjector(config)
     began = time.perf_counter()
     if guarded:
-        policy = GuardPolicy(clip=config.grad_clip, risk_every=RISK_EVERY)
-        guard = Guard(net, optimizer, out, risk=model, config=policy, preflight=False)
+        settings = GuardPolicy(clip=config.grad_clip, risk_every=RISK_EVERY, **(policy or {}))
+        guard = Guard(net, optimizer, out, risk=model, config=settings, preflight=False)
     else:
         probe = Probe(net, optimizer)
         context, rows = RunContext.from_schema(model.schema), []

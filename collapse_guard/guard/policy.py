@@ -17,7 +17,7 @@ from collapse_guard._config import reject_unknown_keys
 __all__ = ["LEVELS", "QK_CLIP_MODES", "GuardPolicy"]
 
 LEVELS: tuple[str, ...] = ("ok", "watch", "warn", "critical")
-QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch")
+QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 
 
 @dataclass
@@ -104,7 +104,8 @@ class GuardPolicy:
 
     # --- QK-clip (qk_clip.py: per-head W_q, W_k scaled after the update) ---
     qk_clip: str = "off"  # "always": at every probe pass, heads over qk_clip_tau (Kimi
-    # K2's rule); "watch": the same, only at level watch or above; "off"
+    # K2's rule); "watch": the same, only at level watch or above; "rescue": from the
+    # first rescue on (a measure after the fact, beside rescue_lr's cap); "off"
     qk_clip_tau: float = 100.0  # largest pre-softmax logit a head may keep (Kimi K2 and
     # Megatron-Core's default: 100)
 
