@@ -78,7 +78,7 @@ class GradientFamily(SignalFamily):
         self._bottom_ids = frozenset(id(p) for p in bottom.parameters()) if bottom else frozenset()
 
     def update(self, state: ProbeState) -> GradientFamily:
-        params = [p for p in state.model.parameters() if p.requires_grad]
+        params = state.trainable()
         self._layout(state, params)
         with_grad = [p for p in params if p.grad is not None]
         self.tensor_norms = None

@@ -140,6 +140,7 @@ class Probe:
         # False: no host read before the record, not even a free one on the CPU (the
         # guard's deferred facts: every value stays on the device until after_step_pending)
         self.host_reads = True
+        self._params: tuple[int, list] | None = None  # (step, trainable parameters)
 
     def _module(self, spec: nn.Module | str | None, what: str) -> nn.Module | None:
         if spec is None or isinstance(spec, nn.Module):
@@ -165,7 +166,10 @@ class Probe:
         return period > 0 and self.step % period == 0
 
     def _state(self, event: Event, **fields: Any) -> ProbeState:
+        if self._params is None or self._params[0] != self.step:  # once a step
+            self._params = (self.step, [p for p in self.model.parameters() if p.requires_grad])
         return ProbeState(
+            params=self._params[1],
             step=self.step,
             event=event,
             model=self.model,

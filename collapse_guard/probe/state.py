@@ -64,6 +64,15 @@ class ProbeState:
     # False: no host read before after_step's record, even where one is free (the CPU):
     # the guard's deferred facts keep every value on the device until the next step
     host_reads: bool = True
+    # the model's trainable parameters, listed once per event by the probe (a walk over
+    # the modules costs ~0.3 ms on a small GPT; the families share it)
+    params: list | None = None
+
+    def trainable(self) -> list:
+        """The trainable parameters (``params``, or the model's when none were given)."""
+        if self.params is None:
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+        return self.params
 
 
 class SignalFamily:

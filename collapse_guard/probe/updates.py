@@ -44,6 +44,7 @@ class UpdateFamily(SignalFamily):
         self._param_ids: tuple[int, ...] = ()
         self._index: list[torch.Tensor | None] = []  # per tensor: sketch coordinates
         self._flat_index: torch.Tensor | None = None  # the same, into the concatenation
+        self._mixed = False  # parameters on several devices or of several dtypes
         self._segment: torch.Tensor | None = None  # sketch position -> tensor number
         self._weights: torch.Tensor | None = None  # tensor numbers counted by update_ratio
         self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
@@ -72,6 +73,8 @@ class UpdateFamily(SignalFamily):
                 self._index.append(index.to(p.device))
                 segments.append(torch.full((size,), number))
         self._segment = torch.cat(segments).to(device)
+        self._lengths = torch.tensor([len(x) for x in segments], device=device)
+        self._mixed = len({(p.device, p.dtype) for p in params}) != 1
         self._flat_index = self._flat(params) if device.type != "cpu" else None
         weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
         self._weights = torch.tensor(weights, device=device)
@@ -86,20 +89,21 @@ class UpdateFamily(SignalFamily):
         copy is the cost, one ``index_select`` per tensor: 0.38 ms against 4.7 ms for
         the 6-layer d256 model's 77 tensors (and 0.18 against 0.18 ms for the demo's 29).
         """
-        flats = [p.detach().reshape(-1) for p in params]
+        flats = [p.reshape(-1) for p in params]  # update() runs under no_grad: no graph
         if self._flat_index is not None:
             return torch.cat(flats).index_select(0, self._flat_index).float()
-        device = self._segment.device
         parts = [
-            (flat if index is None else flat.index_select(0, index)).to(device, torch.float32)
+            flat if index is None else flat.index_select(0, index)
             for flat, index in zip(flats, self._index, strict=True)
         ]
-        return torch.cat(parts)
+        if self._mixed:  # several devices or dtypes: each part to the sketch's own
+            parts = [part.to(self._segment.device, torch.float32) for part in parts]
+        return torch.cat(parts).float()
 
     def _flat(self, params: list[torch.nn.Parameter]) -> torch.Tensor | None:
         """The sketch's positions in the parameters laid end to end (None unless every
         tensor lies on one device with one dtype: the concatenation needs both)."""
-        if len({(p.device, p.dtype) for p in params}) != 1:
+        if self._mixed:
             return None
         parts, offset = [], 0
         for p, index in zip(params, self._index, strict=True):
@@ -108,11 +112,14 @@ class UpdateFamily(SignalFamily):
             offset += p.numel()
         return torch.cat(parts).to(params[0].device)
 
-    def _per_tensor(self, values: torch.Tensor, n_tensors: int) -> torch.Tensor:
-        return torch.zeros(n_tensors, device=values.device).index_add_(0, self._segment, values)
+    def _per_tensor(self, values: torch.Tensor) -> torch.Tensor:
+        # the sketch holds each tensor's coordinates as one run: a segment sum (~3x
+        # faster than index_add_ over the segment ids on the CPU)
+        return torch.segment_reduce(values, "sum", lengths=self._lengths)
 
+    @torch.no_grad()
     def update(self, state: ProbeState) -> UpdateFamily:
-        params = [p for p in state.model.parameters() if p.requires_grad]
+        params = state.trainable()
         if not params:
             return self
         self._setup(params)
@@ -122,7 +129,7 @@ class UpdateFamily(SignalFamily):
             return self
         before = self._before[1] if self._before and self._before[0] == state.step else self._last
         self._before, self._last = None, sketch
-        norms = torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float32)
+        norms = torch._foreach_norm(params, 2, dtype=torch.float32)
         values: dict[str, torch.Tensor | float] = {
             "param_norm": torch.stack([n.to(sketch.device) for n in norms]).square().sum().sqrt()
         }
@@ -131,8 +138,8 @@ class UpdateFamily(SignalFamily):
             return self
         n = len(params)
         update = sketch - before
-        update_norm = self._per_tensor(update.square(), n).sqrt()
-        param_norm = self._per_tensor(sketch.square(), n).sqrt()
+        update_norm = self._per_tensor(update.square()).sqrt()
+        param_norm = self._per_tensor(sketch.square()).sqrt()
         ratio = torch.where(param_norm > 0, update_norm / param_norm, 0.0)
         values["update_ratio"] = ratio.index_select(0, self._weights).amax()
 
@@ -141,7 +148,7 @@ class UpdateFamily(SignalFamily):
             values["update_cos"] = math.nan
             self._previous = update
         else:
-            dot = self._per_tensor(update * self._previous, n)
+            dot = self._per_tensor(update * self._previous)
             reversed_ = (dot < 0).float()
             norm_now, norm_before = update.norm(), self._previous.norm()
             both = (norm_now > 0) & (norm_before > 0)
