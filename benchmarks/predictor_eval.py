@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             records,
             by=args.leave_one_out,
             synthetic=args.synthetic,
-            budget_per_10k=args.budget,
+            eval_budget_per_10k=args.budget,
             progress=console.log,
         )
         _print_table(

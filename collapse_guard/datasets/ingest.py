@@ -40,11 +40,12 @@ from collapse_guard.datasets.runfile import RunMeta, list_runs, read_meta, read_
 
 __all__ = [
     "INGESTED_FOLDER",
+    "Dataset",
     "IngestReport",
     "Ingested",
     "Rejected",
     "dataset_runs",
-    "find_run_files",
+    "find_run_urls",
     "ingest_runs",
 ]
 
@@ -96,7 +97,7 @@ def _display(fs, path: str, source: str) -> str:
     return fs.unstrip_protocol(path) if "://" in source else path
 
 
-def find_run_files(sources: Sequence[str]) -> tuple[list[tuple[str, str]], IngestReport]:
+def find_run_urls(sources: Sequence[str]) -> tuple[list[tuple[str, str]], IngestReport]:
     """``(name, url)`` of every run file under ``sources``, and a report of what was not one.
 
     A missing source is rejected by name; files in a folder that are not ``*.parquet``
@@ -125,12 +126,22 @@ def find_run_files(sources: Sequence[str]) -> tuple[list[tuple[str, str]], Inges
     return sorted(found.items()), report
 
 
-def dataset_runs(base: Path) -> tuple[dict[str, Path], list[Rejected]]:
-    """Run id -> file of every readable run under the dataset folder; unreadable files apart.
+@dataclass(frozen=True)
+class Dataset:
+    """Every readable run under a dataset folder, by run id, its footer read once here."""
 
-    Reads footers only. Two files with one run id: the second is reported, not used.
+    paths: dict[str, Path]
+    metas: dict[str, RunMeta]
+    unreadable: list[Rejected]  # files whose footer cannot be read, or a second run id
+
+
+def dataset_runs(base: Path) -> Dataset:
+    """The runs of the dataset folder ``base`` (footers only; unreadable files apart).
+
+    Two files with one run id: the second is reported, not used.
     """
-    runs: dict[str, Path] = {}
+    paths: dict[str, Path] = {}
+    metas: dict[str, RunMeta] = {}
     bad: list[Rejected] = []
     for path in list_runs(base) if base.is_dir() else []:
         try:
@@ -138,13 +149,13 @@ def dataset_runs(base: Path) -> tuple[dict[str, Path], list[Rejected]]:
         except (ValueError, OSError) as error:
             bad.append(Rejected(str(path), str(error)))
             continue
-        if meta.run_id in runs:
+        if meta.run_id in paths:
             bad.append(
-                Rejected(str(path), f"run id {meta.run_id!r} is also in {runs[meta.run_id]}")
+                Rejected(str(path), f"run id {meta.run_id!r} is also in {paths[meta.run_id]}")
             )
             continue
-        runs[meta.run_id] = path
-    return runs, bad
+        paths[meta.run_id], metas[meta.run_id] = path, meta
+    return Dataset(paths, metas, bad)
 
 
 def _file_name(run_id: str) -> str:
@@ -255,8 +266,8 @@ def ingest_runs(
     ``already`` and not written again.
     """
     base = Path(base)
-    pairs, report = find_run_files([str(s) for s in sources])
-    known, _ = dataset_runs(base)
+    pairs, report = find_run_urls([str(s) for s in sources])
+    known = dataset_runs(base).paths
     target = base / INGESTED_FOLDER
     for name, url in pairs:
         _ingest_one(name, url, target, known, report, horizon)

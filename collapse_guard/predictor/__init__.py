@@ -5,6 +5,7 @@
 >>> risk = model.predict_run(frame)          # P(collapse within the horizon) by step
 >>> model.thresholds                         # {"watch": p, "warn": p, "critical": p}
 >>> result = train_risk_model(paths)         # a TrainingResult: model, report, split
+>>> result = train_risk_model(paths, TrainConfig(seed=3, hold_steps=25))  # every setting
 >>> log_result(result)                       # MLflow run, registered, promoted if better
 
 Layers, each a package whose imports point one way (tests/test_layers.py pins them):
@@ -34,6 +35,7 @@ __all__ = [
     "ModelFormatError",
     "RiskModel",
     "RunSplit",
+    "TrainConfig",
     "TrainingResult",
     "build_training_data",
     "default_baselines",
@@ -61,6 +63,7 @@ _WHERE = {
     "RunSplit": "predictor.training.data",
     "build_training_data": "predictor.training.data",
     "split_runs": "predictor.training.data",
+    "TrainConfig": "predictor.training.config",
     "TrainingResult": "predictor.training.train",
     "train_risk_model": "predictor.training.train",
     "log_result": "predictor.lifecycle.registry",

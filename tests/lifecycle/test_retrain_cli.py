@@ -83,3 +83,25 @@ def test_dask_goes_through_the_same_training(store, base):
     remote_model = RiskModel.load(f"models:/{registry.MODEL_NAME}/{on_dask.version}")
     local_model = RiskModel.load(f"models:/local/{local.version}")
     assert remote_model.booster.model_to_string() == local_model.booster.model_to_string()
+
+
+def test_retrain_takes_the_training_options_train_takes(app, tmp_path, monkeypatch):
+    """--seed, --stride and --hold-steps reach retrain as one TrainConfig (train's surface)."""
+    import collapse_guard.predictor.lifecycle.retrain as lifecycle_retrain
+    from collapse_guard.errors import UserInputError
+
+    seen = []
+
+    def capture(runs, **kwargs):
+        seen.append(kwargs)
+        raise UserInputError("captured")
+
+    monkeypatch.setattr(lifecycle_retrain, "retrain", capture)
+    args = ["retrain", "--runs", str(tmp_path), "--base", str(tmp_path / "base")]
+    args += ["--seed", "5", "--stride", "20", "--hold-steps", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "captured" in result.output, result.output
+    config = seen[0]["config"]
+    assert (config.seed, config.stride, config.hold_steps) == (5, 20, 0)
+    bad = CliRunner().invoke(app, ["retrain", "--runs", str(tmp_path), "--hold-steps", "-2"])
+    assert bad.exit_code == 2 and "--hold-steps must be 0 or more steps" in bad.output

@@ -26,8 +26,9 @@ def cached_training(tmp_path_factory, monkeypatch):
     result = training(tmp_path_factory.getbasetemp())
     calls = []
 
-    def fake(paths, **kwargs):
+    def fake(paths, config, **kwargs):
         calls.append(list(paths))
+        assert config.seed == SEED  # the bundle's seed trains the model too
         return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 from sklearn.metrics import brier_score_loss
 
-from collapse_guard.predictor.core.calibration import Calibrator, expected_calibration_error
+from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR
+
+
+def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Weighted mean |observed rate - mean probability| over equal-width probability bins."""
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    idx = np.clip((p * bins).astype(int), 0, bins - 1)
+    gaps = [(idx == b).sum() * abs(y[idx == b].mean() - p[idx == b].mean()) for b in set(idx)]
+    return float(sum(gaps) / max(p.size, 1))
 
 
 def _sample(rng, n):

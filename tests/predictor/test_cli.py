@@ -35,8 +35,8 @@ def cached_training(tmp_path_factory, monkeypatch):
     result = training(tmp_path_factory.getbasetemp())
     calls = []
 
-    def fake(paths, **kwargs):
-        calls.append({"paths": list(paths), **kwargs})
+    def fake(paths, config=None, **kwargs):
+        calls.append({"paths": list(paths), "config": config, **kwargs})
         return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)
@@ -65,6 +65,7 @@ def test_no_runs_says_how_to_make_some(tmp_path):
         (["--budget", "0"], "--budget must be a positive number"),
         (["--leave-one-out", "colour"], "--leave-one-out must be one of"),
         (["--leave-one-out", "family", "--hold-steps", "-1"], "--hold-steps must be 0 or more"),
+        (["--leave-one-out", "family", "--stride", "0"], "--stride must be 1 or more"),
     ],
 )
 def test_the_commands_own_checks_raise_user_input_errors(tmp_path, runs_dir, args, words):
@@ -88,7 +89,8 @@ def test_train_logs_registers_and_promotes(
     assert "now champion" in result.output
     assert len(cached_training[0]["paths"]) == len(list(runs_dir.glob("*.parquet")))
     assert "rows" not in cached_training[0]
-    assert cached_training[0]["hold_steps"] == 50  # the levels on the risk held 50 steps
+    config = cached_training[0]["config"]
+    assert config.hold_steps == 50 and config.stride == 10  # the training's own defaults
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("cli-train")
@@ -135,12 +137,13 @@ def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
     monkeypatch.setattr(fleet, "fleet_client", no_cluster)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory.getbasetemp()))
     args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
-    args += ["--hold-steps", "20"]
+    args += ["--hold-steps", "20", "--stride", "25", "--seed", "4"]
     result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
     assert result.exit_code == 0, result.output
     rows = cached_training[0]["rows"]
     assert rows.func is fleet.cluster_rows and rows.keywords == {"client": "client for local"}
-    assert cached_training[0]["hold_steps"] == 20
+    config = cached_training[0]["config"]
+    assert (config.hold_steps, config.stride, config.seed) == (20, 25, 4)
     assert "not registered" in result.output
 
 
@@ -227,15 +230,17 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
 
     calls = []
 
-    def capture(records, **kwargs):  # the training itself is test_holdout's
-        calls.append(kwargs)
+    def capture(records, config, **kwargs):  # the training itself is test_holdout's
+        calls.append({"config": config, **kwargs})
         raise ValueError("captured")
 
     monkeypatch.setattr(holdout, "leave_one_group_out", capture)
-    args = ["--leave-one-out", "family", "--seed", "3", "--hold-steps", "20"]
-    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args])
+    args = ["--leave-one-out", "family", "--seed", "3", "--hold-steps", "20", "--stride", "30"]
+    result = runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--budget", "2"])
     assert result.exit_code == 2 and "captured" in result.output
-    assert calls[0]["seed"] == 3 and calls[0]["hold_steps"] == 20 and calls[0]["by"] == "family"
+    config = calls[0]["config"]
+    assert (config.seed, config.hold_steps, config.stride) == (3, 20, 30)
+    assert config.eval_budget_per_10k == 2.0 and calls[0]["by"] == "family"
 
 
 def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):

@@ -78,3 +78,23 @@ def test_compare_without_unseen_runs_keeps_the_champion(tmp_path_factory):
     model, _, splits = trained(tmp_path_factory.getbasetemp())
     decision = promotion.compare(model, model, splits["train"])
     assert not decision.promoted and "none of the" in decision.reason
+
+
+def test_promotion_reads_the_risk_the_training_already_scored(training, monkeypatch):
+    """The challenger's test runs were scored by evaluate_runs: promotion reuses that risk
+    (EvalReport.model_runs) and gets the figures a fresh scoring gives."""
+    from collapse_guard.predictor.core.risk import RiskModel
+
+    model, runs = training.model, list(training.test_runs)
+    fresh = promotion.score_at_warn(model, runs)
+    assert sorted(training.report.model_runs) == sorted(r.run_id for r in runs)
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scored a run the training had scored")
+
+    monkeypatch.setattr(RiskModel, "predict_run", no_scoring)
+    assert promotion.score_at_warn(model, runs, training.report.model_runs) == fresh
+    decision = promotion.compare(model, None, runs, training.report.model_runs)
+    assert decision.promoted and decision.challenger == fresh
+    with pytest.raises(AssertionError, match="scored a run"):
+        promotion.score_at_warn(model, runs[:1])  # without them, it scores

@@ -53,8 +53,6 @@ def test_live_context_with_the_last_window_gives_the_run_risk(model, frame):
             tails.append(tail)
     many = model.predict_windows(tails, contexts=contexts)
     np.testing.assert_array_equal(many, risk.loc[ends].to_numpy())
-    top = model.explain(tails[-1], k=3, context=contexts[-1])
-    assert top == model.explain(frame, k=3)
     with pytest.raises(ValueError, match="unknown context fields"):
         model.predict_window(tails[-1], context={"lr_over_peak": 1.0})
 
@@ -122,14 +120,11 @@ def test_save_load_round_trip_is_plain_text(model, frame, tmp_path):
     assert (folder / "model.txt").stat().st_size < 5_000_000
 
 
-def test_levels_and_explain(model, frame):
+def test_levels(model):
     th = model.thresholds
     assert list(th) == ["watch", "warn", "critical"]
     assert th["watch"] <= th["warn"] <= th["critical"]
     assert model.level(0.0) == "ok" and model.level(1.0) == "critical"
-    top = model.explain(frame, k=5)
-    assert len(top) == 5 and all(name in model.schema.names for name, _ in top)
-    assert abs(top[0][1]) >= abs(top[-1][1])
 
 
 def test_wrong_feature_version_or_format_is_a_clear_error(model, tmp_path):

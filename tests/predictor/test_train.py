@@ -239,3 +239,27 @@ def test_runs_warmed_up_from_lr_zero_train(synthetic_paths, tmp_path):
     result = train_risk_model(paths, levels_by=None, **kwargs)
     assert "config_only" in result.report.to_frame()["scorer"].tolist()
     assert result.model.meta["n_trees"] >= 1
+
+
+def test_one_frozen_config_is_what_the_training_ran_and_what_the_model_records(training):
+    from predictor_settings import FAST_PARAMS
+
+    from collapse_guard.predictor.training.config import TrainConfig
+
+    config = training.config
+    assert config == TrainConfig(seed=0, stride=10, params=FAST_PARAMS)
+    assert training.model.meta["train_config"] == config.to_dict()
+    assert TrainConfig(**training.model.meta["train_config"]) == config  # read back whole
+    assert training.model.hold_steps == config.hold_steps == 50
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 1
+    with pytest.raises(TypeError, match=r"unknown training setting\(s\) \['hold'\]"):
+        config.replace(hold=3)
+    with pytest.raises(UserInputError, match="stride must be at least 1 step; got 0"):
+        TrainConfig(stride=0)
+    with pytest.raises(UserInputError, match="calibration must be one of platt, isotonic"):
+        TrainConfig(calibration="beta")
+    budgets = {"watch": 10, "warn": 100, "critical": 1000}
+    mine = TrainConfig(budgets=budgets)
+    budgets["warn"] = 1  # the caller's dict changed later changes no config
+    assert mine.budgets["warn"] == 100 and TrainConfig.of(mine, seed=2).budgets["warn"] == 100

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.cli.options import HOLD, SEED, STRIDE, train_config
 
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.cli.tables import (
@@ -24,7 +25,6 @@ from collapse_guard.predictor.cli.tables import (
     print_groups,
     print_report,
 )
-from collapse_guard.predictor.core.hold import DEFAULT_HOLD_STEPS
 from collapse_guard.predictor.core.model_source import MODEL_HELP, load_risk_model
 
 __all__ = ["evaluate_command", "predict_command", "train_command"]
@@ -35,23 +35,14 @@ _RUNS = typer.Option(
     "--runs A B or --runs A --runs B.",
 )
 _MODEL = typer.Option("--model", help=MODEL_HELP)
-_HOLD = typer.Option(
-    help="The levels are set on the risk held this many steps (the highest window risk of "
-    "the last N steps; 0: each window's own). Training, and --leave-one-out's models."
-)
-
-
-def _check_hold(hold_steps: int) -> None:
-    if hold_steps < 0:
-        raise UserInputError(
-            f"--hold-steps must be 0 or more steps; got {hold_steps}", "e.g. --hold-steps 50"
-        )
 
 
 def train_command(
     runs: Annotated[list[Path], _RUNS],
     experiment: Annotated[str, typer.Option(help="MLflow experiment name.")] = "collapse-guard",
-    seed: Annotated[int, typer.Option(help="Seeds the run split and LightGBM.")] = 0,
+    seed: Annotated[int, SEED] = 0,
+    stride: Annotated[int | None, STRIDE] = None,
+    hold_steps: Annotated[int | None, HOLD] = None,
     dask: Annotated[
         str | None,
         typer.Option(
@@ -62,7 +53,6 @@ def train_command(
     register: Annotated[
         bool, typer.Option(help="Register in MLflow as collapse-predictor; promote if better.")
     ] = True,
-    hold_steps: Annotated[int, _HOLD] = DEFAULT_HOLD_STEPS,
 ) -> None:
     """Train a risk model, log it to MLflow, register it and promote it if it beats the champion.
 
@@ -79,7 +69,7 @@ def train_command(
     from collapse_guard.predictor.lifecycle import registry
     from collapse_guard.predictor.training.train import train_risk_model
 
-    _check_hold(hold_steps)
+    config = train_config(seed=seed, stride=stride, hold_steps=hold_steps)
     console = Console()
     paths = find_run_files(runs)
     console.log(f"{len(paths)} run files")
@@ -91,13 +81,11 @@ def train_command(
         cluster = nullcontext()
     with cluster as client:
         rows = {"rows": fleet.rows_on(client)} if dask else {}
-        result = train_risk_model(
-            paths, seed=seed, hold_steps=hold_steps, progress=console.log, **rows
-        )
+        result = train_risk_model(paths, config, progress=console.log, **rows)
     print_report(console, result.report, "test runs")
     record = registry.log_result(
         result,
-        params={"n_run_files": len(paths), "dask": dask or "no", "hold_steps": hold_steps},
+        params={"n_run_files": len(paths), "dask": dask or "no"},
         experiment=experiment,
         register=register,
     )
@@ -142,7 +130,6 @@ def evaluate_command(
     budget: Annotated[
         float, typer.Option(help="False alarms per 10k healthy steps of the ROC-like rows.")
     ] = 1.0,
-    hold_steps: Annotated[int, _HOLD] = DEFAULT_HOLD_STEPS,
     seed: Annotated[
         int,
         typer.Option(
@@ -150,6 +137,8 @@ def evaluate_command(
             "move between seeds; compare methods over several)."
         ),
     ] = 0,
+    stride: Annotated[int | None, STRIDE] = None,
+    hold_steps: Annotated[int | None, HOLD] = None,
 ) -> None:
     """Evaluate a model beside the baselines on runs it never saw, per source.
 
@@ -170,20 +159,15 @@ def evaluate_command(
             f"--budget must be a positive number of false alarms per 10k; got {budget}",
             "e.g. --budget 1",
         )
-    _check_hold(hold_steps)
+    # --leave-one-out's models train as `collapse-guard train` would, on these settings
+    config = train_config(
+        seed=seed, stride=stride, hold_steps=hold_steps, eval_budget_per_10k=budget
+    )
     records = load_runs(find_run_files(runs))
     if leave_one_out is not None:
         if model is not None:
             console.print("note: --leave-one-out trains its own models; --model is not used")
-        _leave_one_out(
-            console,
-            records,
-            leave_one_out,
-            synthetic=synthetic,
-            budget=budget,
-            hold_steps=hold_steps,
-            seed=seed,
-        )
+        _leave_one_out(console, records, leave_one_out, config, synthetic=synthetic)
         return
 
     risk_model = load_risk_model(model)
@@ -235,9 +219,7 @@ def evaluate_command(
         )
 
 
-def _leave_one_out(
-    console, records, grouping: str, *, synthetic: bool, budget: float, hold_steps: int, seed: int
-) -> None:
+def _leave_one_out(console, records, grouping: str, config, *, synthetic: bool) -> None:
     from collapse_guard.predictor.evaluate import SETUP_GROUPINGS
     from collapse_guard.predictor.training.holdout import leave_one_group_out
 
@@ -247,13 +229,7 @@ def _leave_one_out(
         )
     try:
         holdout = leave_one_group_out(
-            records,
-            by=grouping,
-            synthetic=synthetic,
-            budget_per_10k=budget,
-            hold_steps=hold_steps,
-            seed=seed,
-            progress=console.log,
+            records, config, by=grouping, synthetic=synthetic, progress=console.log
         )
     except ValueError as error:  # e.g. a grouping with one value: nothing to hold out
         raise UserInputError(f"--leave-one-out {grouping}: {error}") from error
@@ -265,7 +241,7 @@ def _leave_one_out(
     console.print(holdout_table(holdout, title))
     roc_like = (
         f"ROC-like (secondary): every scorer at a threshold fitted on each held-out "
-        f"{grouping}'s runs for {budget:g} false alarms per 10k healthy steps"
+        f"{grouping}'s runs for {config.eval_budget_per_10k:g} false alarms per 10k healthy steps"
     )
     console.print(holdout_table(holdout, roc_like, "budget"))
     # which collapses a model misses on a set-up it never saw (issue 8)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.cli.options import HOLD, STRIDE, train_config
 
 __all__ = ["retrain"]
 
@@ -100,6 +101,8 @@ def retrain(
     ] = None,
     experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "collapse-guard",
     seed: Annotated[int, typer.Option(help="Seeds the split, LightGBM and the benchmark.")] = 0,
+    stride: Annotated[int | None, STRIDE] = None,
+    hold_steps: Annotated[int | None, HOLD] = None,
     recalibrate: Annotated[
         bool,
         typer.Option(
@@ -114,6 +117,7 @@ def retrain(
     Running it again after a crash finishes the job; running it again after it finished
     changes nothing.
     """
+    config = train_config(seed=seed, stride=stride, hold_steps=hold_steps)
     _use_tracking_uri(tracking_uri)
     from rich.console import Console
 
@@ -124,8 +128,8 @@ def retrain(
         result = run_retrain(
             runs,
             base=base,
+            config=config,
             experiment=experiment,
-            seed=seed,
             dask=dask,
             require_new=True,
             recalibrate=recalibrate,

@@ -28,7 +28,7 @@ from scipy.special import expit
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-__all__ = ["CALIBRATION_METHODS", "Calibrator", "expected_calibration_error"]
+__all__ = ["CALIBRATION_METHODS", "Calibrator"]
 
 CALIBRATION_METHODS: tuple[str, ...] = ("platt", "isotonic")
 # the numbers each method stores (Calibrator.to_dict's "params")
@@ -180,15 +180,3 @@ class Calibrator:
         cal = cls(method)
         cal._set_params(data["params"])
         return cal
-
-
-def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
-    """Weighted mean |observed rate - mean probability| over equal-width probability bins."""
-    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    idx = np.clip((p * bins).astype(int), 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        mask = idx == b
-        if mask.any():
-            total += mask.sum() * abs(y[mask].mean() - p[mask].mean())
-    return float(total / max(p.size, 1))

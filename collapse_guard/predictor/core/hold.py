@@ -5,9 +5,9 @@ the stored `warn` level, most false alarms came in bursts of 2-9 episodes on the
 run (benchmarks/README.md, "The shipped model", 1.). A loop alarms on the
 risk held over ``hold_steps`` steps, so a flicker is one alarm, not five; the model's
 levels are set on the same held risk (``train.set_levels``), so they keep their
-false-alarm budgets under it. Measured leave-one-family-out at 526 runs: a 50-step hold
-took the collapses that develop caught at `warn` from 0.31 to 0.45 and the false alarms
-from 2.0 to 1.7 per 10k healthy steps.
+false-alarm budgets under it. Leave-one-family-out, a 50-step hold caught more of the
+collapses that develop at `warn` with fewer false alarms (benchmarks/README.md, "The
+shipped model", 1.).
 
 One code path for a run file and a live loop: :func:`hold_risk` streams a run's risks
 through :class:`RiskHold`, as the guard does with each answer it gets.
@@ -24,8 +24,8 @@ import numpy as np
 
 __all__ = ["DEFAULT_HOLD_STEPS", "RiskHold", "hold_risk"]
 
-# 50 steps: of 25, 50 and 100, the fewest false alarms per 10k healthy steps on
-# held-out families (1.73, 1.69, 2.18) with recall 0.43-0.50 on collapses that develop
+# 50 steps: of 25, 50 and 100, the fewest false alarms on held-out families at about the
+# same recall (benchmarks/README.md, "The shipped model", 1.)
 DEFAULT_HOLD_STEPS = 50
 
 

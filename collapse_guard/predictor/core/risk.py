@@ -213,20 +213,6 @@ class RiskModel:
         feats = self.extractor.transform_windows(list(frames), contexts)
         return self.predict_features(feats)
 
-    def explain(
-        self, frame: pd.DataFrame, k: int = 5, context: Mapping[str, float] | None = None
-    ) -> list[tuple[str, float]]:
-        """Top-``k`` features by |contribution| to the log-odds of the last window.
-
-        Contributions are LightGBM's SHAP values (``pred_contrib``) on the raw
-        log-odds scale, before calibration; positive pushes toward collapse.
-        ``context`` as in :meth:`predict_window`.
-        """
-        vec = self.extractor.transform_window(frame, context)[np.newaxis, :]
-        contrib = self.booster.predict(vec, pred_contrib=True, num_threads=1)[0][:-1]
-        order = np.argsort(-np.abs(contrib), kind="stable")[:k]
-        return [(self.schema.names[i], float(contrib[i])) for i in order]
-
     def fingerprint(self) -> str:
         """16 hex digits of what decides every answer: trees, calibration, levels, hold.
 

@@ -66,7 +66,6 @@ __all__ = [
 ]
 
 HEADLINE = "headline"  # each scorer at its own out-of-sample point (EvalReport.headline_point)
-_ROC_LIKE = "ROC-like (threshold fitted on test runs)"
 
 _EVENT_COLUMNS = (
     "n_runs",
@@ -190,7 +189,9 @@ class EvalReport:
 
     ``lead_times``: scorer -> lead times of caught collapses at its headline point, all
     sources; ``row_scores``: scorer -> {"y", "score"} over pre-onset rows, all sources
-    (PR curves, reliability diagram; not serialised).
+    (PR curves, reliability diagram; not serialised); ``model_runs``: the model's risk at
+    every recorded step of each run, by run id, for whoever judges the model on these runs
+    next (promotion reads them instead of scoring the runs again; not serialised).
     """
 
     horizon: int
@@ -201,6 +202,7 @@ class EvalReport:
     budget_checks: list[BudgetCheck] = field(default_factory=list)
     lead_times: dict[str, list[int]] = field(default_factory=dict)
     row_scores: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    model_runs: dict[str, ScoredRun] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ lookup
     @property
@@ -259,19 +261,6 @@ class EvalReport:
         ]
         columns = ["source", "level", "budget_per_10k", "fa_per_10k", "false_alarms"]
         return pd.DataFrame(rows, columns=[*columns, "healthy_steps", "expected", "holds"])
-
-    def headline_frame(self, source: str = "all") -> pd.DataFrame:
-        """Every scorer at its headline point, then (secondary) at the ROC-like budget."""
-        rows = []
-        for scorer in self.scorers:
-            for point in dict.fromkeys((self.headline_point(scorer), "budget")):
-                try:
-                    rows.append(self.result(scorer, source, point).flat())
-                except KeyError:
-                    continue
-        frame = pd.DataFrame(rows, columns=list(_RESULT_COLUMNS))
-        frame["label"] = np.where(frame["fitted_on"] == "test", _ROC_LIKE, "out of sample")
-        return frame
 
     def group_table(
         self, grouping: str = "kind", source: str = "all", operating_point: str = HEADLINE
@@ -401,6 +390,8 @@ def evaluate_runs(
     sources = ["all", *sorted({r.meta.source for r in runs})]
     for scorer in scorers:
         scored = scored_runs(runs, [scorer.score_run(r.frame) for r in runs])
+        if scorer.name == "model":
+            report.model_runs = {s.run_id: s for s in scored}
         alarms = [scorer.alarm_run(r.frame) for r in runs]
         native = None
         if all(a is not None for a in alarms) and runs:

@@ -4,8 +4,8 @@
         [--out FOLDER]
 
 Reads the real runs under each ``--real`` folder, adds N synthetic runs generated or
-reused from ``--work`` (none by default: at 486 real runs they lowered the ROC and PR AUC
-on every held-out family; benchmarks/README.md), trains with the same pipeline as
+reused from ``--work`` (none by default: beside the real runs they lowered the ROC and PR
+AUC on every held-out family; benchmarks/README.md), trains with the same pipeline as
 ``collapse-guard train`` (``train_risk_model``: run-level split, calibration, levels
 cross-fitted by family, evaluation), prints the test-split evaluation beside the
 baselines (the headline at the stored ``warn`` level; per kind, cause and onset), and
@@ -14,8 +14,8 @@ on, so ``collapse-guard evaluate`` refuses them. The folder must stay under 5 MB
 because it is installed with every copy of the package.
 The previous folder is replaced only once the new one is complete, and only by a model
 trained on no fewer runs and no fewer collapses (``meta["bundle"]``) unless ``--force``
-(``make default-model ... FORCE=1``): a folder of 56 runs silently replaced the shipped
-526-run model. What it replaced is said.
+(``make default-model ... FORCE=1``): a folder of a few dozen runs once silently replaced
+the shipped model. What it replaced is said.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.training.config import TrainConfig
 
 __all__ = [
     "DEFAULT_SYNTHETIC",
@@ -101,16 +102,20 @@ def check_replacement(
 
 def build_default_model(
     out: Path,
+    config: TrainConfig | None = None,
     *,
     synthetic: int = DEFAULT_SYNTHETIC,
     real: Sequence[Path] = (),
     work: Path | None = None,
-    seed: int = 0,
     workers: int = 1,
     force: bool = False,
     progress=print,
+    **settings,
 ):
     """Train on synthetic (+ real) runs and write the model folder ``out``.
+
+    ``config`` (``settings`` over it, e.g. ``seed=3``): the training, as
+    ``train_risk_model``'s; its seed also draws the synthetic runs.
 
     A model already in ``out`` is replaced only by one trained on no fewer runs and no
     fewer collapses, unless ``force`` (``check_replacement``, before any training).
@@ -121,6 +126,8 @@ def build_default_model(
     from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
     from collapse_guard.predictor.training.train import train_risk_model
 
+    config = TrainConfig.of(config, **settings)
+    seed = config.seed
     if not real and synthetic <= 0:
         raise UserInputError(
             "the default model needs runs to train on; got no --real folder and --synthetic "
@@ -133,7 +140,7 @@ def build_default_model(
         progress(f"{len(paths)} synthetic runs in {runs_dir}, {len(real_paths)} real runs")
         counts = _data_counts([*paths, *real_paths])
         replaced = check_replacement(Path(out), counts, force=force)
-        result = train_risk_model([*paths, *real_paths], seed=seed, progress=progress)
+        result = train_risk_model([*paths, *real_paths], config, progress=progress)
         model = result.model
         model.meta |= {
             # the data, then the model: levels or hold change the answers, not the data

@@ -37,7 +37,7 @@ own training runs would look better than it is, and a challenger on its own, too
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collapse_guard.datasets.runs import RunRecord
@@ -136,20 +136,22 @@ class Decision:
         return out
 
 
-def score_at_warn(model: RiskModel, runs: Sequence[RunRecord]) -> WarnScore:
-    """``model`` on ``runs`` at its own stored warn level, every recorded step scored."""
+def score_at_warn(
+    model: RiskModel, runs: Sequence[RunRecord], scored: Mapping[str, ScoredRun] | None = None
+) -> WarnScore:
+    """``model`` on ``runs`` at its own stored warn level, every recorded step scored.
+
+    ``scored``: run id -> the model's risk on that run already computed (the training's
+    ``EvalReport.model_runs``); those runs are not scored again."""
     if WARN not in model.thresholds:
         raise ValueError(
             f"model {model.meta.get('version')!r} has no {WARN!r} level to be judged at "
             f"(thresholds: {model.thresholds}); fix: train it with collapse-guard train"
         )
-    scored = []
-    for run in runs:
-        steps = run.frame["step"].to_numpy()
-        risk = model.predict_run(run.frame, steps=steps).to_numpy()
-        scored.append(ScoredRun(run.run_id, run.meta.source, steps, risk, run.meta.onset_step))
+    known = scored or {}
+    judged = [known.get(run.run_id) or _scored(model, run) for run in runs]
     threshold = float(model.thresholds[WARN])
-    events = event_metrics(scored, threshold, horizon=model.horizon, min_lead=MIN_LEAD)
+    events = event_metrics(judged, threshold, horizon=model.horizon, min_lead=MIN_LEAD)
     return WarnScore(
         version=str(model.meta.get("version", "local")),
         threshold=threshold,
@@ -161,6 +163,12 @@ def score_at_warn(model: RiskModel, runs: Sequence[RunRecord]) -> WarnScore:
         healthy_steps=events.healthy_steps,
         median_lead=events.median_lead,
     )
+
+
+def _scored(model: RiskModel, run: RunRecord) -> ScoredRun:
+    steps = run.frame["step"].to_numpy()
+    risk = model.predict_run(run.frame, steps=steps).to_numpy()
+    return ScoredRun(run.run_id, run.meta.source, steps, risk, run.meta.onset_step)
 
 
 def _rank(recall: float) -> float:
@@ -201,25 +209,30 @@ def unseen_by(
 
 
 def compare(
-    challenger: RiskModel, champion: RiskModel | None, runs: Sequence[RunRecord]
+    challenger: RiskModel,
+    champion: RiskModel | None,
+    runs: Sequence[RunRecord],
+    scored: Mapping[str, ScoredRun] | None = None,
 ) -> Decision:
     """Score both models on the given runs neither has seen, then :func:`decide`.
 
     ``runs``: ``RunRecord``s, e.g. the challenger's test runs, a frozen benchmark split
     and new runs. Without a champion, the challenger is promoted (its figures are still
-    measured, on the runs it never saw, for the log).
+    measured, on the runs it never saw, for the log). ``scored``: the challenger's risk
+    on runs its training already scored (``score_at_warn``).
     """
     models = [challenger] if champion is None else [challenger, champion]
     fair, set_apart = unseen_by(models, runs)
     if champion is None:
-        return Decision(True, "no champion yet", score_at_warn(challenger, fair), None, _ids(fair))
+        figures = score_at_warn(challenger, fair, scored)
+        return Decision(True, "no champion yet", figures, None, _ids(fair))
     if not fair:
         return Decision(
             False,
             f"none of the {len(runs)} comparison runs is unseen by both models "
             f"({set_apart} trained or validated on); fix: pass runs neither trained on",
         )
-    decision = decide(score_at_warn(challenger, fair), score_at_warn(champion, fair))
+    decision = decide(score_at_warn(challenger, fair, scored), score_at_warn(champion, fair))
     note = f" ({len(fair)} runs unseen by both; {set_apart} set apart)"
     return Decision(
         decision.promoted,

@@ -19,7 +19,9 @@ metrics                     test-split metrics, per source and per baseline; the
 tags                        dataset fingerprint, feature schema version and fingerprint,
                             the promotion verdict and its reason
 artifacts ``plots/``        PR curve, reliability, lead times, importance, baseline table
-artifacts ``risk_model/``   the model folder as ``RiskModel.save`` writes it
+artifacts ``risk_model/``   the model folder as ``RiskModel.save`` writes it (its
+                            ``risk_model.json`` holds the feature schema): what a
+                            ``runs:/<run id>/risk_model`` URI loads
 artifact ``promotion.json`` the decision, both models' figures and the comparison run ids
 model ``pyfunc``            the same folder served by ``pyfunc_model.py``, logged as a
                             model from code (no pickle), with a signature (a run frame
@@ -53,6 +55,7 @@ from mlflow.types import ColSpec, Schema
 from collapse_guard.datasets.runs import RunRecord
 from collapse_guard.predictor.core import store
 from collapse_guard.predictor.core.risk import MODEL_NAME, ModelFormatError, RiskModel
+from collapse_guard.predictor.evaluate.events import ScoredRun
 from collapse_guard.predictor.evaluate.plots import report_artifacts
 from collapse_guard.predictor.lifecycle import promotion
 from collapse_guard.predictor.lifecycle.promotion import Decision
@@ -162,8 +165,7 @@ def _clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def _log_model(model: RiskModel, folder: Path, registered_name: str | None):
     model.save(folder)
-    mlflow.log_artifacts(str(folder), store.FOLDER_ARTIFACT)
-    mlflow.log_dict(model.schema.to_dict(), "feature_schema.json")
+    mlflow.log_artifacts(str(folder), store.FOLDER_ARTIFACT)  # runs:/<id>/risk_model
     return mlflow.pyfunc.log_model(
         name="pyfunc",
         python_model=str(PYFUNC_CODE),
@@ -180,17 +182,18 @@ def _decide(
     model_name: str,
     previous: str | None,
     comparison_runs: Sequence[RunRecord],
+    scored: Mapping[str, ScoredRun] | None,
 ) -> Decision:
     """Promotion against the current champion ``previous`` (``predictor.lifecycle.promotion``)."""
     if previous is None:
-        return promotion.compare(model, None, comparison_runs)
+        return promotion.compare(model, None, comparison_runs, scored)
     try:
         champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
     except ModelFormatError as error:
         # A champion this code cannot run (older feature version or folder format)
         # serves no one: the new model replaces it.
         return Decision(True, f"champion v{previous} cannot be loaded: {error}")
-    return promotion.compare(model, champion, comparison_runs)
+    return promotion.compare(model, champion, comparison_runs, scored)
 
 
 def log_training(
@@ -200,6 +203,7 @@ def log_training(
     fingerprint: str,
     metrics: Mapping[str, float] | None = None,
     comparison_runs: Sequence[RunRecord] = (),
+    scored: Mapping[str, ScoredRun] | None = None,
     artifacts: str | Path | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     register: bool = True,
@@ -216,6 +220,8 @@ def log_training(
         comparison_runs: ``RunRecord``s both the new model and the champion are scored
             on (``predictor.lifecycle.promotion.compare``; the runs either model saw are set apart).
             Without any, a champion is never replaced (only a first model is promoted).
+        scored: the model's risk on runs already scored (``EvalReport.model_runs``): not
+            scored again for promotion.
         artifacts: a folder (plots, tables) logged under ``plots/``.
         register: register as a new version of ``model_name`` and decide promotion.
     """
@@ -245,7 +251,7 @@ def log_training(
         if not register:
             return TrainingRecord(run.info.run_id, experiment_id, None, None, None)
         version = str(info.registered_model_version)
-        decision = _decide(model, model_name, previous, comparison_runs)
+        decision = _decide(model, model_name, previous, comparison_runs, scored)
         _log_decision(decision, previous)
         if decision.promoted:
             store.use_store().set_registered_model_alias(model_name, CHAMPION, version)
@@ -274,11 +280,14 @@ def _log_decision(decision: Decision, previous: str | None) -> None:
 def training_params(result: TrainingResult) -> dict[str, Any]:
     """The MLflow params of a training: settings, split sizes, budgets, levels, LightGBM."""
     model = result.model
+    settings = result.config.to_dict()
+    # the budgets and hyperparameters are logged below as the model holds them (a
+    # calibrated model's levels, LightGBM's resolved params); the signals are its schema's
+    for name in ("budgets", "params", "signals"):
+        settings.pop(name)
     return {
-        "seed": model.meta.get("seed"),
-        "window": model.schema.window,
-        "horizon": model.horizon,
-        "stride": model.meta.get("stride"),
+        **settings,
+        "n_signals": len(model.schema.signals),
         "n_runs": len(result.runs),
         **{f"split.{k}": v for k, v in result.counts().items()},
         **{f"budget.{k}": v for k, v in model.budgets.items()},
@@ -312,6 +321,7 @@ def log_result(
             fingerprint=result.fingerprint,
             metrics=result.report.to_metrics(),
             comparison_runs=runs,
+            scored=result.report.model_runs,
             artifacts=plots,
             experiment=experiment,
             register=register,

@@ -49,19 +49,23 @@ from typing import Any
 
 import pandas as pd
 
-from collapse_guard.datasets.ingest import IngestReport, Rejected, dataset_runs, ingest_runs
-from collapse_guard.datasets.label import HORIZON
-from collapse_guard.datasets.runfile import read_meta
+from collapse_guard.datasets.ingest import (
+    Dataset,
+    IngestReport,
+    Rejected,
+    dataset_runs,
+    ingest_runs,
+)
+from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.datasets.runs import load_runs
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS
-from collapse_guard.predictor.core.model import DEFAULT_STRIDE
 from collapse_guard.predictor.lifecycle.benchmark import (
     FrozenBenchmark,
     choose_benchmark,
     find_benchmark,
     record_benchmark,
 )
+from collapse_guard.predictor.training.config import TrainConfig
 
 __all__ = [
     "KEY_TAG",
@@ -111,13 +115,13 @@ def _log(progress: Callable[[str], None] | None, message: str) -> None:
 
 
 def _retrain_key(
-    training: Mapping[str, Path], benchmark: FrozenBenchmark, settings: Mapping[str, Any]
+    training: Mapping[str, RunMeta], benchmark: FrozenBenchmark, settings: Mapping[str, Any]
 ) -> str:
-    # the labels of the training runs (footers only), the benchmark and the settings: the
-    # same key means the same challenger would be trained again
+    # the labels of the training runs (their footers, read once by dataset_runs), the
+    # benchmark and the settings: the same key means the same challenger trained again
     keys = []
     for run_id in sorted(training):
-        meta = read_meta(training[run_id])
+        meta = training[run_id]
         keys.append(f"{run_id}|{meta.source}|{meta.onset_step}|{meta.label_version}")
     keys.append(f"benchmark|{benchmark.digest}")
     keys.append(json.dumps(dict(settings), sort_keys=True, default=str))
@@ -167,7 +171,7 @@ def _seen_by_champion(model_name: str, run_ids: Sequence[str]) -> set[str]:
 
 def _benchmark(
     experiment_id: str,
-    runs: Mapping[str, Path],
+    dataset: Dataset,
     new: Sequence[str],
     base: Path,
     model_name: str,
@@ -181,9 +185,9 @@ def _benchmark(
     found = find_benchmark(experiment_id)
     if found is not None:
         return found
-    old = [r for r in runs if r not in set(new)] or list(runs)
+    old = [r for r in dataset.paths if r not in set(new)] or list(dataset.paths)
     exclude = _seen_by_champion(model_name, old)
-    ids = choose_benchmark([read_meta(runs[r]) for r in old], exclude=exclude, seed=seed)
+    ids = choose_benchmark([dataset.metas[r] for r in old], exclude=exclude, seed=seed)
     return record_benchmark(experiment_id, ids, base, seed=seed)
 
 
@@ -193,7 +197,7 @@ def _rows_builder(client):
     return {"rows": rows_on(client)}
 
 
-def _train(paths: Sequence[Path], settings: Mapping[str, Any], dask, progress):
+def _train(paths: Sequence[Path], config: TrainConfig, dask, progress):
     from collapse_guard.predictor.training.train import train_risk_model
 
     cluster = nullcontext(None)
@@ -203,10 +207,10 @@ def _train(paths: Sequence[Path], settings: Mapping[str, Any], dask, progress):
         cluster = fleet_client(dask)
     with cluster as client:
         extra = _rows_builder(client) if client is not None else {}
-        return train_risk_model(paths, **settings, progress=progress, **extra)
+        return train_risk_model(paths, config, progress=progress, **extra)
 
 
-def _recalibrated(result, dataset: Mapping[str, Path], new: Sequence[str], progress):
+def _recalibrated(result, dataset: Dataset, new: Sequence[str], progress):
     """The challenger with its levels set on the new healthy runs it did not train on.
 
     They are runs of the set-up the fleet trains now, which levels set on the dataset's
@@ -219,9 +223,9 @@ def _recalibrated(result, dataset: Mapping[str, Path], new: Sequence[str], progr
 
     trained = set(result.ids("train"))
     healthy = [
-        dataset[r]
+        dataset.paths[r]
         for r in new
-        if r in dataset and r not in trained and read_meta(dataset[r]).onset_step is None
+        if r in dataset.paths and r not in trained and dataset.metas[r].onset_step is None
     ]
     if not healthy:
         return result
@@ -363,15 +367,12 @@ def retrain(
     base: str | Path = "runs",
     experiment: str | None = None,
     model_name: str | None = None,
-    seed: int = 0,
-    stride: int = DEFAULT_STRIDE,
-    params: Mapping[str, Any] | None = None,
-    budgets: Mapping[str, float] | None = None,
-    horizon: int = HORIZON,
+    config: TrainConfig | None = None,
     dask: str | None = None,
     require_new: bool = False,
     recalibrate: bool = True,
     progress: Callable[[str], None] | None = None,
+    **settings: Any,
 ) -> RetrainResult:
     """Ingest ``runs`` into ``base``, train a challenger, compare, promote by the rule.
 
@@ -382,10 +383,9 @@ def retrain(
         experiment: MLflow experiment (default ``collapse-guard``); the store is
             ``MLFLOW_TRACKING_URI`` (else ``./mlruns``).
         model_name: registered model (default ``collapse-predictor``).
-        seed, stride, params, budgets: the challenger's training (``train_risk_model``;
-            ``budgets``: healthy steps between false alarms per level, default
-            ``levels.DEFAULT_BUDGETS``).
-        horizon: steps ahead; also how far before a guard's first intervention a
+        config: the challenger's training (``TrainConfig``, ``settings`` over it: seed,
+            stride, hold_steps, params, budgets, ...); its ``seed`` also draws the frozen
+            benchmark, its ``horizon`` is how far before a guard's first intervention a
             guarded run's rows stay labelled (``datasets.censor``).
         dask: train on Dask: ``"local"`` or a scheduler address (``predictor.training.fleet``).
         require_new: raise ``UserInputError`` when no run among ``runs`` is accepted
@@ -401,10 +401,12 @@ def retrain(
         ensure_experiment,
     )
 
+    config = TrainConfig.of(config, **settings)
+    seed = config.seed
     experiment = experiment or DEFAULT_EXPERIMENT
     model_name = model_name or MODEL_NAME
     base = Path(base)
-    report = ingest_runs(runs, base, horizon=horizon)
+    report = ingest_runs(runs, base, horizon=config.horizon)
     _log(
         progress,
         f"ingest: {len(report.ingested)} new, {len(report.already)} already in {base}, "
@@ -415,7 +417,8 @@ def retrain(
             f"no run file could be ingested from {', '.join(map(str, runs))}: " + _skipped(report),
             "pass folders, files or URLs of collapse-guard run files (*.parquet)",
         )
-    dataset, unreadable = dataset_runs(base)
+    dataset = dataset_runs(base)
+    unreadable = dataset.unreadable
     experiment_id = ensure_experiment(experiment)
     benchmark = _benchmark(experiment_id, dataset, report.run_ids, base, model_name, seed)
     _log(
@@ -423,16 +426,11 @@ def retrain(
         f"frozen benchmark: {len(benchmark.run_ids)} runs "
         f"({'chosen now' if benchmark.created else 'recorded earlier'}, {benchmark.digest})",
     )
-    training = {r: p for r, p in dataset.items() if r not in set(benchmark.run_ids)}
-    settings = {
-        "seed": seed,
-        "stride": stride,
-        "params": dict(params or {}),
-        "budgets": dict(budgets or DEFAULT_BUDGETS),
-        "horizon": horizon,
-    }
+    training = {r: p for r, p in dataset.paths.items() if r not in set(benchmark.run_ids)}
     key = _retrain_key(
-        training, benchmark, {**settings, "model": model_name, "recalibrate": recalibrate}
+        {r: dataset.metas[r] for r in training},
+        benchmark,
+        {**config.to_dict(), "model": model_name, "recalibrate": recalibrate},
     )
     common = {
         "ingest": report,
@@ -452,10 +450,10 @@ def retrain(
             _log(progress, f"this retrain was decided before: MLflow run {attempt.info.run_id}")
             return _resumed(attempt, model_name, record, **common)
         _abandon(attempt.info.run_id, model_name)
-    result = _train(sorted(training.values()), settings, dask, progress)
+    result = _train(sorted(training.values()), config, dask, progress)
     if recalibrate:
         result = _recalibrated(result, dataset, report.run_ids, progress)
-    comparison = _comparison_runs(dataset, benchmark, report.run_ids)
+    comparison = _comparison_runs(dataset.paths, benchmark, report.run_ids)
     logged = _log_challenger(result, comparison, key, benchmark, experiment, model_name)
     _log(progress, f"v{logged.version}: {'promoted' if logged.promoted else 'kept out'}")
     record(logged.run_id, result.fingerprint)

@@ -6,10 +6,10 @@ that step), with target y = 1 when the run's onset lies in (step, step + horizon
 run has collapsed there is nothing left to forecast. So are the last ``horizon`` steps
 before a *sudden* onset (``extra["onset_kind"]``: less than 10 steps after its trigger):
 nothing in them foretells it, and as positives they teach the model that healthy-looking
-windows collapse. Measured leave-one-family-out at 526 runs over 3 seeds, recall at a
-threshold fitted for 1 false alarm per 10k healthy steps rose from 0.25 to 0.30 without
-them. Evaluation still counts every sudden collapse: the model's probability is that of
-a collapse that develops, and the sudden ones are missed in the figures, not hidden.
+windows collapse (leave-one-family-out, recall rose without them: benchmarks/README.md,
+"Predictor: honest evaluation"). Evaluation still counts every sudden collapse: the
+model's probability is that of a collapse that develops, and the sudden ones are missed
+in the figures, not hidden.
 ``groups`` is the run id of each row and ``source`` its data source, so every later step
 can split, weight or report by run and by source.
 
@@ -276,8 +276,8 @@ def build_training_data(
     ``progress`` is called once per run whose rows are done (a progress bar's advance).
 
     Memory: the rows are written straight into one array, so the rows of the whole set
-    exist once (a list of per-run frames concatenated held them twice: at 10,000
-    synthetic runs, 3.3 GB more at the peak); each run's frame and features exist only
+    exist once (a list of per-run frames concatenated held them twice; the peaks are in
+    benchmarks/README.md, "training memory"); each run's frame and features exist only
     while its rows are written. The array is sized from the runs' lengths
     (``RunRecord.n_rows``: every stride-th row), an upper bound, so that a run stored
     on disk is read once; the rows after onset are the unused part.

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from collapse_guard.datasets.label import HORIZON
 from collapse_guard.predictor.evaluate.baselines import default_baselines
 from collapse_guard.predictor.evaluate.groups import (
     NEVER_HELD_OUT,
@@ -36,6 +35,7 @@ from collapse_guard.predictor.evaluate.groups import (
     held_out_group,
 )
 from collapse_guard.predictor.evaluate.report import HEADLINE, EvalReport, evaluate_runs
+from collapse_guard.predictor.training.config import TrainConfig
 from collapse_guard.predictor.training.data import split_runs
 from collapse_guard.predictor.training.train import fit_and_level  # steps 2-5, levels included
 
@@ -142,27 +142,24 @@ class HoldoutReport:
 
 def leave_one_group_out(
     runs: Sequence,
+    config: TrainConfig | None = None,
     *,
     by: str = "family",
     synthetic: bool = True,
-    seed: int = 0,
-    horizon: int = HORIZON,
     validation_share: float = 0.25,
-    budget_per_10k: float = 1.0,
-    params: dict | None = None,
     baselines: bool = True,
-    levels_by: str | None = "family",
     progress: Callable[[str], None] | None = None,
-    **fit_kwargs,
+    **settings,
 ) -> HoldoutReport:
     """Train without each group of ``by``, evaluate on it (module docstring).
 
-    ``runs``: ``RunRecord``s. ``validation_share``: of the training runs, the share kept
-    for early stopping, calibration, levels and the tuned baselines' thresholds.
-    ``params``, ``fit_kwargs``: passed to ``fit_risk_model`` (e.g. ``stride``, ``window``).
-    ``levels_by``: as ``train_risk_model``'s; cross-fitted within the training runs only,
-    so the held-out group sets nothing.
+    ``runs``: ``RunRecord``s. ``config`` (``settings`` over it): each fold's training, as
+    ``train_risk_model``'s (``levels_by`` cross-fitted within the training runs only, so
+    the held-out group sets nothing; ``eval_budget_per_10k``: the ROC-like point).
+    ``validation_share``: of the training runs, the share kept for early stopping,
+    calibration, levels and the tuned baselines' thresholds.
     """
+    config = TrainConfig.of(config, **settings)
     if by not in SETUP_GROUPINGS:
         raise ValueError(
             f"leave-one-out groups runs by one of {SETUP_GROUPINGS}; got {by!r}. "
@@ -183,24 +180,22 @@ def leave_one_group_out(
     for g in held:
         test = [r for r in runs if group[r.run_id] == g]
         rest = [r for r in runs if group[r.run_id] != g]
-        split = split_runs(
-            [r.meta for r in rest], seed=seed, fractions=(1 - validation_share, validation_share, 0)
-        )
+        shares = (1 - validation_share, validation_share, 0)
+        split = split_runs([r.meta for r in rest], seed=config.seed, fractions=shares)
         # split_runs deals every split a run of each stratum; there is no test split here
         train_ids, val_ids = set(split.train) | set(split.test), set(split.validation)
         train = [r for r in rest if r.run_id in train_ids]
         val = [r for r in rest if r.run_id in val_ids]
         if progress is not None:
             progress(f"{by} {g}: train {len(train)}, validation {len(val)}, test {len(test)} runs")
-        model = fit_and_level(
-            train, val, seed=seed, horizon=horizon, params=params, levels_by=levels_by, **fit_kwargs
-        )
+        model = fit_and_level(train, val, config)
+        budget, horizon = config.eval_budget_per_10k, config.horizon
         scorers = (
-            default_baselines(train, val, horizon=horizon, budget_per_10k=budget_per_10k, seed=seed)
+            default_baselines(train, val, horizon=horizon, budget_per_10k=budget, seed=config.seed)
             if baselines
             else []
         )
-        fold = evaluate_runs(test, model, scorers, budget_per_10k=budget_per_10k, horizon=horizon)
+        fold = evaluate_runs(test, model, scorers, budget_per_10k=budget, horizon=horizon)
         report.folds.append(
             HeldOut(
                 by,

@@ -51,13 +51,11 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 
-from collapse_guard.datasets.label import HORIZON
 from collapse_guard.datasets.runs import RunRecord, data_fingerprint, load_runs
-from collapse_guard.features import DEFAULT_WINDOW, FeatureExtractor
+from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.core.calibration import Calibrator
-from collapse_guard.predictor.core.hold import DEFAULT_HOLD_STEPS
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
-from collapse_guard.predictor.core.model import DEFAULT_STRIDE, CollapsePredictor
+from collapse_guard.predictor.core.model import CollapsePredictor
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import stored_ids
 from collapse_guard.predictor.evaluate import (
@@ -70,10 +68,9 @@ from collapse_guard.predictor.evaluate import (
 from collapse_guard.predictor.evaluate.baselines import default_baselines
 from collapse_guard.predictor.evaluate.events import ScoredRun, healthy_sequences
 from collapse_guard.predictor.evaluate.groups import held_out_group
+from collapse_guard.predictor.training.config import TrainConfig
 from collapse_guard.predictor.training.crossfit import cross_fitted_scores
 from collapse_guard.predictor.training.data import (
-    DEFAULT_FRACTIONS,
-    MODEL_SIGNALS,
     RunSplit,
     TrainingData,
     build_training_data,
@@ -99,10 +96,9 @@ __all__ = [
 RowBuilder = Callable[..., TrainingData]
 
 # Training rows held at most, before the stride grows (``row_stride``): 500k rows of
-# ~240 float64 features are ~1 GB. The bundled model's 526 real runs give 18.5k rows;
-# 10,000 synthetic runs of ~2,100 steps gave 1.3M at stride 10 (2.6 GB, and as much
-# again while they were concatenated). Neighbouring windows share 199 of 200 steps, so
-# a stride of 25 instead of 10 drops little that the model could learn.
+# ~240 float64 features are ~1 GB, where thousands of synthetic runs at stride 10 give
+# millions (benchmarks/README.md, "training memory"). Neighbouring windows share 199 of
+# 200 steps, so a stride of 25 instead of 10 drops little that the model could learn.
 MAX_TRAIN_ROWS = 500_000
 
 
@@ -146,6 +142,7 @@ class TrainingResult:
     """
 
     model: RiskModel
+    config: TrainConfig  # as fitted (its stride raised when the rows would not fit)
     report: EvalReport
     runs: tuple[SplitRecord, ...]
     fingerprint: str
@@ -188,42 +185,41 @@ def _rows(rows: RowBuilder, runs, extractor, label: str, progress, **kwargs) -> 
 def fit_risk_model(
     train_runs: Sequence[RunRecord],
     val_runs: Sequence[RunRecord],
+    config: TrainConfig | None = None,
     *,
-    seed: int = 0,
-    window: int = DEFAULT_WINDOW,
-    horizon: int = HORIZON,
-    stride: int = DEFAULT_STRIDE,
-    calibration: str = "platt",
-    params: Mapping[str, Any] | None = None,
-    signals: Sequence[str] = MODEL_SIGNALS,
     rows: RowBuilder = build_training_data,
-    hold_steps: int = DEFAULT_HOLD_STEPS,
     progress: Callable[[str], None] | None = None,
+    **settings: Any,
 ) -> tuple[RiskModel, CollapsePredictor]:
     """Steps 2-4: features, fit with early stopping, calibration. No thresholds yet.
 
+    ``config`` (``settings`` over it): window, horizon, stride, signals, calibration, seed,
+    params; ``hold_steps``, the hold the levels will be set on (``hold``).
     ``rows`` builds the feature rows of a list of runs (module docstring, fleet scale).
-    ``hold_steps``: the risk the levels will be set on is held this long (``hold``).
     ``progress``: lines of text, and a bar while the rows are built (module docstring).
     """
-    extractor = FeatureExtractor(window=window, signals=signals)
-    common = {"stride": stride, "horizon": horizon}
+    config = TrainConfig.of(config, **settings)
+    extractor = FeatureExtractor(window=config.window, signals=config.signals)
+    common = {"stride": config.stride, "horizon": config.horizon}
     train = _rows(rows, train_runs, extractor, "features: train runs", progress, **common)
     val = _rows(rows, val_runs, extractor, "features: validation runs", progress, **common)
     _log(progress, f"fitting LightGBM on {len(train)} rows (early stopping on {len(val)})")
-    predictor = CollapsePredictor(horizon=horizon, random_state=seed, **dict(params or {}))
+    predictor = CollapsePredictor(
+        horizon=config.horizon, random_state=config.seed, **dict(config.params)
+    )
     predictor.fit(train.X, train.y, eval_set=(val.X, val.y))
-    calibrator = Calibrator(calibration).fit(predictor.raw_proba(val.X), val.y)
+    calibrator = Calibrator(config.calibration).fit(predictor.raw_proba(val.X), val.y)
     model = RiskModel(
         predictor.booster_,
         extractor.schema,
         calibrator,
         thresholds={},
-        horizon=horizon,
-        hold_steps=hold_steps,
+        horizon=config.horizon,
+        hold_steps=config.hold_steps,
         meta={
-            "seed": seed,
-            "stride": stride,
+            "seed": config.seed,
+            "stride": config.stride,
+            "train_config": config.to_dict(),
             "train_rows": len(train),
             "train_positive_rows": int(train.y.sum()),
             "best_iteration": predictor.best_iteration_,
@@ -246,20 +242,18 @@ def set_levels(
     (``evaluate.healthy_sequences``): all of a healthy run, and a collapsing run's
     steps before onset - horizon. Counted alike, the budget set is the budget measured:
     with healthy runs alone, the early alarms of collapsing runs (a slow ramp's start,
-    300 steps before its onset) went uncounted, and leave-one-family-out over 3 seeds
-    gave 2.1 false alarms per 10k healthy steps at `warn` where this gives 1.4.
+    300 steps before its onset) went uncounted, and more false alarms got through.
     ``scores``: run id -> per-row scores to use instead of the model's own (the
     cross-fitted scores of ``fit_and_level``); the other runs are scored by ``model``.
 
     Each source (real, synthetic, imported, ...) must hold the budget on its own, so each
     level is the highest of the per-source thresholds: pooled, the many synthetic healthy
-    steps set a threshold that real runs crossed 10x as often as the budget (issue 8:
-    `warn` at 10.6 false alarms per 10k healthy real steps against a budget of 1).
+    steps set a threshold that real runs crossed 10x as often as the budget (issue 8;
+    benchmarks/README.md, "Predictor: honest evaluation").
     ``by`` (a set-up grouping, e.g. ``family``): within a source, each of its groups
     holds the budget on its own too, as the cross-fitted levels do: a new set-up looks
-    like the least familiar known one, not their average (measured leave-one-family-out
-    with the 50-step hold: 1.7 false alarms per 10k healthy steps at `warn` on the
-    held-out family, where the families pooled gave 3.8).
+    like the least familiar known one, not their average (leave-one-family-out: about
+    half the false alarms of the families pooled; benchmarks/README.md).
     """
     scores, scorer = scores or {}, ModelScorer(model)
     # recorded rows only, as evaluation scores them (a row gap is not healthy steps)
@@ -286,34 +280,38 @@ def set_levels(
 def fit_and_level(
     train_runs: Sequence[RunRecord],
     val_runs: Sequence[RunRecord],
+    config: TrainConfig | None = None,
     *,
-    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
-    levels_by: str | None = "family",
-    **fit_kwargs: Any,
+    rows: RowBuilder = build_training_data,
+    progress: Callable[[str], None] | None = None,
+    **settings: Any,
 ) -> RiskModel:
     """Steps 2-5: :func:`fit_risk_model`, then the levels (module docstring, step 5).
 
-    ``levels_by``: the set-up grouping whose groups are cross-fitted for the levels
-    (``crossfit``); ``None`` sets them on the validation runs alone.
+    ``config.levels_by``: the set-up grouping whose groups are cross-fitted for the levels
+    (``crossfit``); ``None`` sets them on the validation runs alone; ``config.budgets``:
+    healthy steps between false alarms per level.
     ``meta["levels_from"]`` records which, and why when cross-fitting fell back.
     """
+    config = TrainConfig.of(config, **settings)
+    levels_by = config.levels_by
 
     def fit(train: Sequence[RunRecord], val: Sequence[RunRecord]) -> RiskModel:
-        return fit_risk_model(train, val, **fit_kwargs)[0]
+        return fit_risk_model(train, val, config, rows=rows, progress=progress)[0]
 
     model = fit(train_runs, val_runs)
     cross = (
         None if levels_by is None else cross_fitted_scores(train_runs, val_runs, fit, by=levels_by)
     )
     if cross is not None and cross.fitted:
-        set_levels(model, cross.runs, budgets, cross.scores, by=levels_by)
+        set_levels(model, cross.runs, config.budgets, cross.scores, by=levels_by)
         model.meta["levels_from"] = {
             "runs": "cross-fitted",
             "by": levels_by,
             "groups": cross.groups,
         }
     else:
-        set_levels(model, val_runs, budgets)
+        set_levels(model, val_runs, config.budgets)
         why = {} if cross is None else {"not_cross_fitted": cross.reason}
         model.meta["levels_from"] = {"runs": "validation", **why}
     return model
@@ -321,77 +319,51 @@ def fit_and_level(
 
 def train_risk_model(
     run_paths: Iterable[str | Path],
+    config: TrainConfig | None = None,
     *,
-    seed: int = 0,
-    window: int = DEFAULT_WINDOW,
-    horizon: int = HORIZON,
-    stride: int = DEFAULT_STRIDE,
-    budgets: Mapping[str, float] = DEFAULT_BUDGETS,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    calibration: str = "platt",
-    eval_budget_per_10k: float = 1.0,
-    params: Mapping[str, Any] | None = None,
-    signals: Sequence[str] = MODEL_SIGNALS,
-    levels_by: str | None = "family",
-    hold_steps: int = DEFAULT_HOLD_STEPS,
     progress: Callable[[str], None] | None = None,
     rows: RowBuilder = build_training_data,
+    **settings: Any,
 ) -> TrainingResult:
     """Train, calibrate, set levels and evaluate on run files (module docstring).
 
     Args:
         run_paths: run files (``*.parquet``); use ``datasets.runfile.list_runs`` on folders.
-        seed: seeds the split and LightGBM: same runs + seed -> same model string.
-        window: feature window in steps. horizon: steps ahead predicted (H).
-        stride: training rows every ``stride``-th step (evaluation scores every step).
-        budgets: healthy steps between false alarms per level (``levels``).
-        fractions: train / validation / test shares of the runs.
-        calibration: "platt" or "isotonic".
-        eval_budget_per_10k: false alarms per 10k healthy steps for "recall at budget".
-        params: CollapsePredictor hyperparameters to override.
-        signals: the signals the model predicts from (its feature schema's signals).
-        levels_by: the levels come from each ``levels_by`` group's runs scored by
-            a model fitted without that group (``crossfit``; one extra fit per group);
-            ``None``: from the validation runs alone.
-        hold_steps: the levels are set on the risk held this many steps (``hold``).
+        config: every setting of the training (:class:`TrainConfig`: seed, window,
+            horizon, stride, hold_steps, budgets, fractions, calibration,
+            eval_budget_per_10k, params, signals, levels_by); the same runs and seed give
+            the same model string.
         progress: called with a line of text after each stage (e.g. ``print``).
         rows: builds the training rows of a list of runs; ``build_training_data`` here,
             ``predictor.training.fleet.rows_on(client)`` to compute them on a Dask cluster.
+        settings: fields of :class:`TrainConfig` over ``config`` (``seed=3``).
 
     Raises:
         UserInputError: too few runs for a split to hold what it needs (a collapsed run
             to fit and calibrate on, a healthy one to set the levels on, a test run),
             before any fit (``training.data.require_trainable_split``).
     """
+    config = TrainConfig.of(config, **settings)
     t0 = time.perf_counter()
     # sorted by id: row order feeds LightGBM's bagging, and must not depend on file order;
     # stored, not held: the train and validation runs are read from their files when used
     # (twice or so each), and only the test runs, scored by every scorer, are held
     runs = sorted(load_runs(run_paths, lazy=True), key=lambda r: r.run_id)
     metas = [r.meta for r in runs]
-    split = split_runs(metas, seed=seed, fractions=fractions)
+    split = split_runs(metas, seed=config.seed, fractions=config.fractions)
     require_trainable_split(metas, split)  # before any fit: what each split lacks
     by_split = _by_split(runs, split)
     by_split["test"] = [r.held for r in by_split["test"]]
     _log(progress, "split: " + ", ".join(f"{k} {len(v)} runs" for k, v in by_split.items()))
-    wanted, stride = stride, row_stride(by_split["train"], stride, horizon)
-    if stride != wanted:
-        _log(progress, f"row stride {stride} instead of {wanted}: at most {MAX_TRAIN_ROWS} rows")
+    stride = row_stride(by_split["train"], config.stride, config.horizon)
+    if stride != config.stride:
+        _log(
+            progress,
+            f"row stride {stride} instead of {config.stride}: at most {MAX_TRAIN_ROWS} rows",
+        )
+    fitted = config.replace(stride=stride)
     model = fit_and_level(
-        by_split["train"],
-        by_split["validation"],
-        budgets=budgets,
-        levels_by=levels_by,
-        seed=seed,
-        window=window,
-        horizon=horizon,
-        stride=stride,
-        calibration=calibration,
-        params=params,
-        signals=signals,
-        rows=rows,
-        hold_steps=hold_steps,
-        progress=progress,
+        by_split["train"], by_split["validation"], fitted, rows=rows, progress=progress
     )
     _log(
         progress,
@@ -403,13 +375,17 @@ def train_risk_model(
     baselines = default_baselines(
         by_split["train"],
         by_split["validation"],
-        horizon=horizon,
-        budget_per_10k=eval_budget_per_10k,
-        seed=seed,
+        horizon=config.horizon,
+        budget_per_10k=config.eval_budget_per_10k,
+        seed=config.seed,
     )
     _log(progress, f"evaluating on {len(by_split['test'])} test runs, every step, beside them")
     report = evaluate_runs(
-        by_split["test"], model, baselines, budget_per_10k=eval_budget_per_10k, horizon=horizon
+        by_split["test"],
+        model,
+        baselines,
+        budget_per_10k=config.eval_budget_per_10k,
+        horizon=config.horizon,
     )
     fingerprint = data_fingerprint(runs)
     model.meta.update(
@@ -434,6 +410,7 @@ def train_risk_model(
     )
     return TrainingResult(
         model=model,
+        config=fitted,
         report=report,
         runs=tuple(SplitRecord.of(r, role) for role, rs in by_split.items() for r in rs),
         fingerprint=fingerprint,

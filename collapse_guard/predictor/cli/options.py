@@ -1,0 +1,38 @@
+"""The training options every training command takes (``train``, ``evaluate
+--leave-one-out``, ``retrain``): one surface, turned into one ``TrainConfig``.
+
+Defaults are the config's own (``None`` here), so a default changes in one place; the
+config is built inside the command, so that ``collapse-guard --help`` imports no LightGBM.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from collapse_guard.errors import UserInputError
+
+__all__ = ["HOLD", "SEED", "STRIDE", "train_config"]
+
+SEED = typer.Option(help="Seeds the run split, LightGBM and the learned baselines.")
+STRIDE = typer.Option(
+    help="Training rows at every N-th step (default: the training's own, "
+    "predictor.core.model.DEFAULT_STRIDE); evaluation still scores every step."
+)
+HOLD = typer.Option(
+    help="The levels are set on the risk held this many steps (the highest window risk of "
+    "the last N steps; 0: each window's own). Default: predictor.core.hold.DEFAULT_HOLD_STEPS."
+)
+
+
+def train_config(*, seed: int, stride: int | None, hold_steps: int | None, **more):
+    """The ``TrainConfig`` of the flags, a bad value named by its flag."""
+    if stride is not None and stride < 1:
+        raise UserInputError(f"--stride must be 1 or more steps; got {stride}", "e.g. --stride 10")
+    if hold_steps is not None and hold_steps < 0:
+        raise UserInputError(
+            f"--hold-steps must be 0 or more steps; got {hold_steps}", "e.g. --hold-steps 50"
+        )
+    from collapse_guard.predictor.training.config import TrainConfig
+
+    given = {"stride": stride, "hold_steps": hold_steps}
+    return TrainConfig(seed=seed, **{k: v for k, v in given.items() if v is not None}, **more)
