@@ -1,8 +1,10 @@
 """Run files as training and evaluation read them: found, censored, checked, held or lazy.
 
 ``find_run_files`` turns folders and files into run files; ``load_runs`` reads each once,
-labels and censors a guarded run (``as_training_run``), refuses duplicate run ids and
-returns :class:`RunRecord`s; ``data_fingerprint`` names the labelled runs a training saw.
+labels and censors a guarded run (``as_training_run``), refuses duplicate run ids and runs
+labelled under an older label rule (``collapse-guard data relabel`` brings them to the
+current one) and returns :class:`RunRecord`s; ``data_fingerprint`` names the labelled
+runs a training saw.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from collapse_guard.datasets.censor import censor_guarded
+from collapse_guard.datasets.label import LABEL_VERSION
+from collapse_guard.datasets.relabel import is_stale
 from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
 from collapse_guard.errors import UserInputError
 
@@ -31,9 +35,10 @@ class RunRecord:
 
     ``RunRecord(frame, meta, path)`` holds the frame; :meth:`stored` holds only the
     metadata and reads the frame from ``path`` at each access (``load_runs(...,
-    lazy=True)``): a training of 10,000 runs then holds their metadata, not 4.4 GB of
-    frames. The frame read is the one ``load_runs`` checked (``as_training_run``: a raw
-    guarded run censored again, the same way).
+    lazy=True)``): a training of thousands of runs then holds their metadata, not their
+    frames (benchmarks/README.md, "training memory"). The frame read is the one
+    ``load_runs`` checked (``as_training_run``: a raw guarded run censored again, the
+    same way).
     """
 
     __slots__ = ("_frame", "_rows", "meta", "path")
@@ -129,6 +134,7 @@ def load_runs(paths: Iterable[str | Path], *, lazy: bool = False) -> list[RunRec
     for path in paths:
         path = Path(path)
         frame, meta = as_training_run(*read_run(path))
+        _refuse_stale_label(path, meta)
         if meta.run_id in seen:
             raise ValueError(
                 f"run id {meta.run_id!r} appears in both {seen[meta.run_id]} and {path}; "
@@ -140,6 +146,17 @@ def load_runs(paths: Iterable[str | Path], *, lazy: bool = False) -> list[RunRec
             RunRecord.stored(meta, path, len(frame)) if lazy else RunRecord(frame, meta, path)
         )
     return records
+
+
+def _refuse_stale_label(path: Path, meta: RunMeta) -> None:
+    # an onset set by an older rule may not be the one the current rule finds: trained or
+    # graded on, it would teach or score the model against a label nobody uses any more
+    if is_stale(meta):
+        raise UserInputError(
+            f"{path}: labelled under label rule {meta.label_version!r}, the current rule is "
+            f"{LABEL_VERSION!r}; its onset may not be the one the current rule finds",
+            f"relabel the runs first: collapse-guard data relabel --runs {path.parent}",
+        )
 
 
 def data_fingerprint(runs: Iterable[RunRecord]) -> str:
