@@ -150,3 +150,30 @@ def test_a_deferred_nonfinite_loss_is_rescued_a_step_later(tmp_path):
     assert guard.rescues == 1 and guard.step_index == 30
     with pytest.raises(ValueError, match="fused=True"):
         Guard(*tiny_model(), tmp_path / "x", risk="off", sync="deferred", record=False)
+
+
+def test_deferred_gating_agrees_with_the_host_through_accepts_and_an_online_collapse(tmp_path):
+    def schedule(step, loss):
+        if step in (40, 41, 42):  # two skips, then the outlier is accepted (it is the data)
+            return loss * 30.0
+        if step >= 70:  # a loss that climbs and stays up: the label's rule, run live
+            return loss + 0.05 * (step - 69)
+        return loss
+
+    runs = [_fused_run(tmp_path / m, m, 150, poison=schedule) for m in ("step", "deferred")]
+    events = []
+    for guard in runs:
+        guard.close()
+        events.append(guard.events)
+    rescue = [s for s, e in events[0] if e.startswith("rescue:online_collapse")]
+    assert rescue == [122]  # the rise from step 70 stays over best + margin for 30 steps
+    first = rescue[0]
+    before = [[(s, e) for s, e in ev if s <= first] for ev in events]
+    # the same skips, the same accept, the same collapse at the same step, then the
+    # deferred run acts a step late: its next backward is discarded
+    assert before[0] == before[1]
+    assert (
+        sum(e.startswith("skip:loss_z") or e.startswith("skip:grad_z") for _, e in before[0]) == 2
+    )
+    assert any(e.startswith("accept:") for s, e in before[0] if s == 42)
+    assert (first + 1, "skip:after_rescue") in events[1]
