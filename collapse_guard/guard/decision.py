@@ -38,7 +38,9 @@ The events a step can carry (the run file's ``event`` column, ``;``-joined):
 event                       meaning
 ==========================  ==========================================================
 ``skip:<reason>``           update not applied (``nonfinite_grad``, ``loss_z=7.1``,
-                            ``no_gradients``, ``same_gradients``, ``zero_gradients``, ...)
+                            ``no_gradients``, ``same_gradients``, ``zero_gradients``,
+                            ``after_rescue``: a deferred step's rescue rolled back after
+                            this backward, ...)
 ``checkpoint_refused:..``   a checkpoint was due but a parameter is not finite
 ``accept:<reason>``         an outlier applied (clipped) after max_outlier_skips skips
 ``lr_x<m>``                 the level's LR multiplier changed to ``m``

@@ -414,9 +414,8 @@ class Guard:
             self._apply_deferred(healthy, loss_t, total, norms)
         else:
             loss_value, grad_norm = torch.stack([loss_t.cpu(), total.cpu()]).tolist()  # sync
-            if not stale and grad_norm == 0.0:
-                stale = "zero_gradients"  # zero_grad() without a backward, or a loss of no
-                # parameter
+            if not stale and grad_norm == 0.0:  # zero_grad() and no backward, or a loss
+                stale = "zero_gradients"  # that depends on no parameter
             if stale and stale != "after_rescue":
                 self._warn_stale(stale)
             decision, qk_plan = ddp.share(
