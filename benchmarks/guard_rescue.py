@@ -710,6 +710,17 @@ def _median(values: list[float], spec: str) -> str:
     return _fmt(statistics.median(values), spec) if values else "-"
 
 
+def _saved(rows: list[dict], arm: str) -> str:
+    """Saved / configurations, then the healthy ones (the label alone), and the saved
+    among the configurations whose safe-LR run trains below its bigram entropy."""
+    learns = [a for a in rows if "safe_lr" in a and a["safe_lr"]["saved"]]
+    saved, healthy = (sum(a[arm][k] for a in rows) for k in ("saved", "healthy"))
+    return (
+        f"{saved}/{len(rows)} (healthy {healthy}; {sum(a[arm]['saved'] for a in learns)}/"
+        f"{len(learns)} where safe LR learns)"
+    )
+
+
 def _arm_table(by: dict) -> None:
     halves = [h for h in HALVES if any(next(iter(a.values()))["half"] == h for a in by.values())]
     head = ["arm"] + [f"saved: {h}" for h in halves]
@@ -721,7 +732,7 @@ def _arm_table(by: dict) -> None:
         rows = {h: [a for a in by.values() if arm in a and a[arm]["half"] == h] for h in halves}
         if not any(rows.values()):
             continue
-        saved = [f"{sum(a[arm]['saved'] for a in rows[h])}/{len(rows[h])}" for h in halves]
+        saved = [_saved(rows[h], arm) for h in halves]
         gaps = [
             _median(
                 _gap_to_safe([(a[arm], a["safe_lr"]) for a in rows[h] if "safe_lr" in a]), "+.3f"
