@@ -161,3 +161,22 @@ def test_fit_and_level_sets_the_stored_levels_from_the_cross_fitted_scores(famil
     assert on_validation.meta["levels_from"] == {"runs": "validation"}
     assert on_validation.booster.model_to_string() == model.booster.model_to_string()  # one fit
     assert on_validation.thresholds != model.thresholds
+
+
+def test_the_folds_build_each_runs_rows_once(families, monkeypatch):
+    """Cross-fitting fits a model per family on the runs without it; each run's rows are
+    built once for all folds (training.data.RowCache), the main fit's apart."""
+    import collapse_guard.predictor.training.data as data
+
+    built: list[str] = []
+
+    def counting(runs, extractor, **kwargs):
+        built.extend(r.run_id for r in runs)
+        return data.build_training_data(runs, extractor, **kwargs)
+
+    train, val = families[::2], families[1::2]
+    model = fit_and_level(train, val, budgets=BUDGETS, stride=25, params=FAST_PARAMS, rows=counting)
+    assert model.meta["levels_from"]["runs"] == "cross-fitted"
+    runs = [r.run_id for r in [*train, *val]]
+    # the main fit builds every run once, the two folds together once more (not twice)
+    assert sorted(built) == sorted(runs + runs)

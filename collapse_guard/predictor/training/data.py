@@ -21,6 +21,7 @@ Evaluation never uses strided rows: it scores every step (``evaluate``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -39,6 +40,7 @@ from collapse_guard.signals import SIGNALS
 __all__ = [
     "DEFAULT_FRACTIONS",
     "MODEL_SIGNALS",
+    "RowCache",
     "RunSplit",
     "TrainingData",
     "build_training_data",
@@ -295,3 +297,54 @@ def build_training_data(
     if not out.at:
         concat_rows([], len(runs))  # the error that says why there are none
     return out.rows()
+
+
+class RowCache:
+    """A row builder (``build_training_data``'s signature) that builds a run's rows once.
+
+    Cross-fitting fits one model per group on the runs without it: each run's rows would be
+    extracted again for every fold but its own. Here they are kept by run id, for the
+    (schema, stride, horizon) they were built with, and a fold's rows are the kept rows of
+    its runs, in its order: the same rows, so the same model. Only the runs not built yet
+    go to ``rows`` (``build_training_data``, or the fleet's Dask builder).
+    """
+
+    def __init__(self, rows: Callable[..., TrainingData] = build_training_data) -> None:
+        self._rows = rows
+        self._kept: dict[tuple, dict[str, TrainingData | None]] = {}
+
+    def __call__(
+        self,
+        runs: Sequence[RunRecord],
+        extractor,
+        *,
+        stride: int = DEFAULT_STRIDE,
+        horizon: int = HORIZON,
+        progress: Callable[[], None] | None = None,
+    ) -> TrainingData:
+        kept = self._kept.setdefault((extractor.schema.fingerprint, stride, horizon), {})
+        missing = [r for r in runs if r.run_id not in kept]
+        if missing:
+            built = self._rows(
+                missing, extractor, stride=stride, horizon=horizon, progress=progress
+            )
+            kept.update(_per_run(built, missing))
+        if progress is not None:
+            for _ in range(len(runs) - len(missing)):
+                progress()
+        return concat_rows([kept[r.run_id] for r in runs if kept[r.run_id] is not None], len(runs))
+
+
+def _per_run(data: TrainingData, runs: Sequence[RunRecord]) -> dict[str, TrainingData | None]:
+    # a builder writes each run's rows together, in run order: cut where the run id changes
+    starts = np.r_[0, np.flatnonzero(data.groups[1:] != data.groups[:-1]) + 1, len(data)]
+    out: dict[str, TrainingData | None] = {r.run_id: None for r in runs}  # None: no rows
+    for a, b in itertools.pairwise(starts):
+        out[str(data.groups[a])] = TrainingData(
+            X=data.X.iloc[a:b].reset_index(drop=True),
+            y=data.y[a:b],
+            groups=data.groups[a:b],
+            source=data.source[a:b],
+            steps=data.steps[a:b],
+        )
+    return out

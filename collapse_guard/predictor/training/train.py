@@ -71,6 +71,7 @@ from collapse_guard.predictor.evaluate.groups import held_out_group
 from collapse_guard.predictor.training.config import TrainConfig
 from collapse_guard.predictor.training.crossfit import cross_fitted_scores
 from collapse_guard.predictor.training.data import (
+    RowCache,
     RunSplit,
     TrainingData,
     build_training_data,
@@ -296,10 +297,14 @@ def fit_and_level(
     config = TrainConfig.of(config, **settings)
     levels_by = config.levels_by
 
-    def fit(train: Sequence[RunRecord], val: Sequence[RunRecord]) -> RiskModel:
-        return fit_risk_model(train, val, config, rows=rows, progress=progress)[0]
+    model = fit_risk_model(train_runs, val_runs, config, rows=rows, progress=progress)[0]
+    # the folds share their runs: each run's rows are built once for all of them (only
+    # while cross-fitting, so a training without folds holds its rows once)
+    fold_rows = RowCache(rows)
 
-    model = fit(train_runs, val_runs)
+    def fit(train: Sequence[RunRecord], val: Sequence[RunRecord]) -> RiskModel:
+        return fit_risk_model(train, val, config, rows=fold_rows, progress=progress)[0]
+
     cross = (
         None if levels_by is None else cross_fitted_scores(train_runs, val_runs, fit, by=levels_by)
     )
