@@ -74,3 +74,16 @@ def test_a_healthy_run_that_never_learns_past_bigrams_is_not_saved(level, saved)
     assert row["bigram"] == pytest.approx(3.1302, abs=1e-4)
     assert row["healthy"] and row["best_loss"] == pytest.approx(level)
     assert row["saved"] is saved
+
+
+def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_run():
+    quiet = {"logit_max": 99.5, "rescues": 0, "averaged": 1}
+    loud = {"logit_max": 100.5, "rescues": 1, "averaged": 3}
+    never_probed = {"logit_max": None, "rescues": 0, "averaged": 0}
+    same = guard_rescue.same_as_guarded
+    assert same("guarded_qk", quiet) and same("guarded_qk_watch", quiet)
+    assert same("rescue_qk", quiet) and same("rescue_both", quiet) and same("newest", quiet)
+    for arm in ("guarded_qk", "guarded_qk_watch", "rescue_qk", "rescue_both", "newest"):
+        assert same(arm, loud) is None
+    assert same("guarded_qk", never_probed) is None  # no reading: trained
+    assert same("qk_alone", quiet) is None and same("safe_lr", quiet) is None
