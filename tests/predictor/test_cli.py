@@ -101,7 +101,10 @@ def test_train_logs_registers_and_promotes(
     warn = report.result("model")
     assert run.data.metrics["model/all/level_warn/recall"] == warn.events.recall
     assert run.data.metrics["model/all/level_warn/fa_per_10k"] == warn.events.fa_per_10k
-    assert run.data.metrics["model/all/budget/recall"] == report.get("model")["recall"]
+    assert (
+        run.data.metrics["model/all/budget/recall"]
+        == report.result("model", operating_point="budget").events.recall
+    )
     assert any(k.startswith("dsi/") for k in run.data.metrics), "baselines logged beside"
     assert run.data.params["split.test"]
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}

@@ -122,8 +122,8 @@ def test_report_has_every_scorer_source_and_operating_point(trained):
     assert metrics["model/all/level_warn/recall"] == head.events.recall
     assert all(math.isfinite(v) for v in metrics.values())
     assert (
-        report.get("model")["n_runs"]
-        == report.get("dsi")["n_runs"]
+        report.result("model", operating_point="budget").events.n_runs
+        == report.result("dsi", operating_point="budget").events.n_runs
         == len(model.meta["split"]["test"])
     )
 
@@ -275,7 +275,7 @@ def test_report_by_group_at_the_same_thresholds():
     assert family["n"].to_dict() == {"gpt": 2, "mha": 4}
     assert family["model recall"].to_dict() == {"gpt": 1.0, "mha": 0.0}
     frame = report.groups_frame()
-    budget = report.get("model")["threshold"]
+    budget = report.result("model", operating_point="budget").threshold
     assert (frame.loc[frame.operating_point == "budget", "threshold"] == budget).all()
     assert json.loads(json.dumps(report.to_dict()))["groups"]
     metrics = report.to_metrics()

@@ -22,7 +22,7 @@ def test_pipeline_meta_split_and_levels(trained, run_records):
     ids = [set(split[k]) for k in ("train", "validation", "test")]
     assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
     assert split == split_runs([r.meta for r in run_records], seed=0).to_dict()
-    assert report.get("model")["n_runs"] == len(split["test"])
+    assert report.result("model", operating_point="budget").events.n_runs == len(split["test"])
     assert model.meta["threshold_healthy_steps"] > 0
     assert model.horizon == 200 and model.meta["n_trees"] <= 60  # FAST_PARAMS in predictor_settings
     # the machine's telemetry is recorded but never predicted from

@@ -233,12 +233,6 @@ class EvalReport:
             f"operating_point={operating_point!r}; available: {have}"
         )
 
-    def get(
-        self, scorer: str = "model", source: str = "all", operating_point: str = "budget"
-    ) -> dict[str, Any]:
-        """:meth:`result` as a flat dict (``recall``, ``pr_auc``, ...)."""
-        return self.result(scorer, source, operating_point).flat()
-
     # ------------------------------------------------------------------ tables
     def to_frame(self) -> pd.DataFrame:
         """One row per (scorer, source, operating point)."""

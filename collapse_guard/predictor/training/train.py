@@ -404,7 +404,9 @@ def train_risk_model(
             "validation_run_ids": stored_ids(split.validation),
             "lightgbm_version": lgb.__version__,
             "train_seconds": round(time.perf_counter() - t0, 1),
-            "test_recall_at_budget": _finite_or_none(report.get("model")["recall"]),
+            "test_recall_at_budget": _finite_or_none(
+                report.result("model", operating_point="budget").events.recall
+            ),
             # the headline: recall at the stored warn level on the test runs
             "test_recall_at_warn": _finite_or_none(report.result("model").events.recall),
         }
