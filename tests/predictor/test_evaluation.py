@@ -26,12 +26,14 @@ from collapse_guard.datasets.runs import RunRecord
 from collapse_guard.predictor.core.levels import episode_counts
 from collapse_guard.predictor.evaluate import (
     UNKNOWN,
+    RunOutcome,
     ScoredRun,
     evaluate_runs,
     event_metrics,
     group_metrics,
     healthy_sequences,
     row_metrics,
+    run_outcome,
     threshold_at_budget,
 )
 
@@ -62,6 +64,10 @@ def test_caught_lead_time_and_false_alarms_follow_the_definition():
     assert m.false_alarms == 2 + 1 + 1  # healthy run's two episodes, early's, running's
     assert m.healthy_steps == 1_000 + 4 * 800
     assert math.isclose(m.fa_per_10k, 1e4 * 4 / 4_200)
+    # per run, typed: lead (None when missed), false alarms, healthy steps
+    assert run_outcome(early, 0.5, H) == RunOutcome(lead=50, false_alarms=1, healthy_steps=800)
+    assert run_outcome(too_late, 0.5, H) == RunOutcome(None, 0, 800)
+    assert run_outcome(healthy, 0.5, H) == RunOutcome(None, 2, 1_000)
 
 
 def test_alarms_after_onset_are_neither_caught_nor_false():

@@ -32,6 +32,7 @@ __all__ = [
     "MIN_LEAD",
     "EventResult",
     "RowResult",
+    "RunOutcome",
     "ScoredRun",
     "event_metrics",
     "healthy_sequences",
@@ -134,17 +135,26 @@ def threshold_at_budget(
     return threshold_for_episodes(seqs, budget_per_10k * healthy / 10_000)
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run at one threshold, as a user lives it."""
+
+    lead: int | None  # onset minus the first alarm in [onset - H, onset - min_lead]; None: missed
+    false_alarms: int  # alarm episodes starting on healthy steps
+    healthy_steps: int
+
+
 def run_outcome(
     run: ScoredRun, threshold: float, horizon: int = HORIZON, min_lead: int = MIN_LEAD
-) -> tuple[int | None, int, int]:
-    """(lead time if caught else None, false alarms, healthy steps) of one run."""
+) -> RunOutcome:
+    """Lead time (if caught), false alarms and healthy steps of one run at ``threshold``."""
     steps, scores = run.steps, run.scores
     if run.onset_step is not None:  # what comes after onset is neither caught nor false
         keep = steps < run.onset_step
         steps, scores = steps[keep], scores[keep]
     starts = steps[alarm_starts(scores, threshold)]
     if run.onset_step is None:
-        return None, int(starts.size), int(steps.size)
+        return RunOutcome(None, int(starts.size), int(steps.size))
     early = run.onset_step - horizon
     false_alarms = int(np.sum(starts < early))
     healthy_steps = int(np.sum(steps < early))
@@ -152,8 +162,8 @@ def run_outcome(
     if in_window.any():
         first = int(steps[np.argmax(in_window)])
         if first <= run.onset_step - min_lead:
-            return run.onset_step - first, false_alarms, healthy_steps
-    return None, false_alarms, healthy_steps
+            return RunOutcome(run.onset_step - first, false_alarms, healthy_steps)
+    return RunOutcome(None, false_alarms, healthy_steps)
 
 
 def event_metrics(
@@ -167,13 +177,13 @@ def event_metrics(
     n_collapsed = false_alarms = healthy_steps = 0
     leads: list[int] = []
     for run in runs:
-        lead, fa, healthy = run_outcome(run, threshold, horizon, min_lead)
-        false_alarms += fa
-        healthy_steps += healthy
+        outcome = run_outcome(run, threshold, horizon, min_lead)
+        false_alarms += outcome.false_alarms
+        healthy_steps += outcome.healthy_steps
         if run.collapsed:
             n_collapsed += 1
-            if lead is not None:
-                leads.append(lead)
+            if outcome.lead is not None:
+                leads.append(outcome.lead)
     return EventResult(len(runs), n_collapsed, tuple(leads), false_alarms, healthy_steps)
 
 
