@@ -112,12 +112,14 @@ def to_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
     """Convert values to Python floats with one host transfer per device.
 
     This is the probe's sync point: the 0-d tensors of every family are stacked and
-    copied to the host together, instead of one ``.item()`` (one GPU sync) each.
+    copied to the host together, instead of one ``.item()`` (one GPU sync) each. CPU
+    tensors are read one by one: nothing to sync with, and the stack costs ~13 us a value
+    against ~0.7 us for ``float`` (the same exact widening to float64).
     """
     out: dict[str, float] = {}
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for key, value in values.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             by_device.setdefault(value.device, []).append((key, value))
         else:
             out[key] = float(value)

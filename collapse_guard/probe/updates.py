@@ -50,6 +50,7 @@ class UpdateFamily(SignalFamily):
         self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
         self._last: torch.Tensor | None = None  # sketch after the last measured step
         self._previous: torch.Tensor | None = None  # last non-zero update, per tensor
+        self._previous_norm: torch.Tensor | None = None  # its norm, where already known
         self._flips: torch.Tensor | None = None  # (flip_window, tensors) reversal flags
         self._count = 0  # measured updates so far (ring position of _flips)
 
@@ -121,6 +122,19 @@ class UpdateFamily(SignalFamily):
         n = len(self._lengths)
         return torch.zeros(n, device=values.device).index_add_(0, self._segment, values)
 
+    def _reference(
+        self, update: torch.Tensor, update_norm: torch.Tensor, norm: torch.Tensor, host_reads: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next step's reference update and its norm (None: not known yet). A tensor
+        that did not move keeps its last real update as the reference. On the CPU, asking
+        whether every tensor moved is free: then the reference is ``update`` itself, whose
+        norm is ``norm`` (the same bits), and neither a select over the sketch nor the next
+        step's norm of the reference is needed."""
+        moved = update_norm > 0
+        if host_reads and update.device.type == "cpu" and bool(moved.all()):
+            return update, norm
+        return torch.where(moved.index_select(0, self._segment), update, self._previous), None
+
     @torch.no_grad()
     def update(self, state: ProbeState) -> UpdateFamily:
         params = state.trainable()
@@ -134,8 +148,10 @@ class UpdateFamily(SignalFamily):
         before = self._before[1] if self._before and self._before[0] == state.step else self._last
         self._before, self._last = None, sketch
         norms = torch._foreach_norm(params, 2, dtype=torch.float32)
+        if any(n.device != sketch.device for n in norms):
+            norms = [n.to(sketch.device) for n in norms]
         values: dict[str, torch.Tensor | float] = {
-            "param_norm": torch.stack([n.to(sketch.device) for n in norms]).square().sum().sqrt()
+            "param_norm": torch.stack(norms).square().sum().sqrt()
         }
         if before is None:  # first measured step and no sketch from before it
             self._values = values
@@ -150,17 +166,20 @@ class UpdateFamily(SignalFamily):
         reversed_ = torch.zeros(n, device=update.device)
         if self._previous is None:
             values["update_cos"] = math.nan
-            self._previous = update
+            self._previous, self._previous_norm = update, None
         else:
             dot = self._per_tensor(update * self._previous)
             reversed_ = (dot < 0).float()
-            norm_now, norm_before = update.norm(), self._previous.norm()
+            norm_now = update.norm()
+            norm_before = self._previous_norm
+            if norm_before is None:
+                norm_before = self._previous.norm()
             both = (norm_now > 0) & (norm_before > 0)
             cos = dot.sum() / (norm_now * norm_before).clamp_min(1e-30)
             values["update_cos"] = torch.where(both, cos, math.nan)
-            # a tensor that did not move keeps its last real update as the reference
-            moved = (update_norm > 0).index_select(0, self._segment)
-            self._previous = torch.where(moved, update, self._previous)
+            self._previous, self._previous_norm = self._reference(
+                update, update_norm, norm_now, state.host_reads
+            )
         self._flips[self._count % self.config.flip_window] = reversed_
         self._count += 1
         values["update_flips"] = self._flips.sum(dim=0).amax()

@@ -108,3 +108,45 @@ def test_after_step_pending_holds_the_same_values_as_after_step():
     assert set(later) <= set(plain)
     for key, value in later.items():
         assert value == plain[key] or (math.isnan(value) and math.isnan(plain[key])), key
+
+
+def _update_records(host_reads: bool, frozen_from: int) -> list[dict[str, float]]:
+    model = tiny_gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = Probe(model, optimizer)
+    probe.host_reads = host_reads
+    records = []
+    for step, (x, y) in enumerate(token_batches(12)):
+        _, loss = model(x, y)
+        loss.backward()
+        if step >= frozen_from:  # no gradient: AdamW leaves that tensor where it is
+            model.blocks[1].mlp[2].weight.grad = None
+        probe.after_backward(loss)
+        optimizer.step()
+        records.append({k: probe.after_step()[k] for k in UpdateFamily.keys})
+        optimizer.zero_grad()
+    return records
+
+
+def test_update_signals_take_the_same_bits_on_the_host_shortcut_and_the_device_path():
+    # host_reads: on the CPU the probe asks whether every tensor moved (then the reference
+    # is the update itself and its norm is reused); without, the device path's select
+    shortcut, device = _update_records(True, 6), _update_records(False, 6)
+    assert len(shortcut) == 12
+    assert all(math.isfinite(r["update_cos"]) for r in shortcut[1:])  # measured each step
+    assert shortcut[7]["update_cos"] != shortcut[5]["update_cos"]  # the freeze shows
+    for ours, theirs in zip(shortcut, device, strict=True):
+        for key, value in ours.items():
+            assert value == theirs[key] or (math.isnan(value) and math.isnan(theirs[key])), key
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
+)
+def test_cpu_values_reach_the_record_as_the_stacked_copy_gives_them(dtype):
+    from collapse_guard.probe.state import to_floats
+
+    raw = [1 / 3, -2.5e-7, 12345.678, 7.0, 2.0**40 + 1]
+    values = {f"v{i}": torch.tensor(v).to(dtype) for i, v in enumerate(raw)}
+    stacked = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()
+    assert list(to_floats({**values, "plain": 0.5}).values()) == [*stacked, 0.5]
