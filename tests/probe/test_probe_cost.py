@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from probe_models import Layered, tiny_gpt, token_batches
+from torch import nn
 
 from collapse_guard.guard import Guard
 from collapse_guard.probe import Probe
@@ -150,3 +151,29 @@ def test_cpu_values_reach_the_record_as_the_stacked_copy_gives_them(dtype):
     values = {f"v{i}": torch.tensor(v).to(dtype) for i, v in enumerate(raw)}
     stacked = torch.stack([v.reshape(()).double() for v in values.values()]).tolist()
     assert list(to_floats({**values, "plain": 0.5}).values()) == [*stacked, 0.5]
+
+
+def test_the_probe_sees_a_parameter_frozen_added_or_swapped_during_the_run():
+    model = Layered(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    probe = Probe(model, optimizer)
+
+    def measured() -> tuple[int, float]:
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        probe.after_backward(torch.tensor(1.0))
+        n = len(probe.tensor_norms)
+        return n, probe.after_step()["param_norm"]
+
+    every = len(list(model.parameters()))
+    first = measured()[0]
+    assert first == every
+    model.layers[0].weight.requires_grad_(False)  # read every step
+    assert measured()[0] == every - 1
+    model.layers[1].extra = nn.Parameter(torch.full((3,), 4.0))  # registered: walked again
+    grown, grown_norm = measured()
+    assert grown == every
+    model.layers[1].weight = nn.Parameter(torch.zeros_like(model.layers[1].weight))
+    swapped, swapped_norm = measured()
+    assert swapped == every
+    assert swapped_norm < grown_norm  # the zero weight is measured, not the one it replaced
