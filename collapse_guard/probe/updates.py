@@ -33,6 +33,13 @@ from collapse_guard.probe.state import Event, ProbeState, SignalFamily
 
 __all__ = ["UpdateFamily"]
 
+# On the CPU the flat gather (one copy of every parameter, then one index_select) beats
+# one index_select a tensor while the tensors are this small on average: measured with
+# the caches cold, as after a training step, 0.23 against 0.35 ms on the demo's 2x64
+# (4.7k coordinates a tensor), even on the nanoGPT-shaped 2x128 (14.5k), 2.6x slower on
+# the 6x256 (64k)
+_FLAT_CPU_MEAN_NUMEL = 8192
+
 
 class UpdateFamily(SignalFamily):
     keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
@@ -76,7 +83,8 @@ class UpdateFamily(SignalFamily):
         self._segment = torch.cat(segments).to(device)
         self._lengths = torch.tensor([len(x) for x in segments], device=device)
         self._mixed = len({(p.device, p.dtype) for p in params}) != 1
-        self._flat_index = self._flat(params) if device.type != "cpu" else None
+        small = sum(p.numel() for p in params) <= _FLAT_CPU_MEAN_NUMEL * len(params)
+        self._flat_index = self._flat(params) if device.type != "cpu" or small else None
         weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
         self._weights = torch.tensor(weights, device=device)
         self._flips = torch.zeros(self.config.flip_window, len(params), device=device)
@@ -84,11 +92,11 @@ class UpdateFamily(SignalFamily):
     def _sketch(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """The sketch's coordinates of ``params``, as one float32 vector.
 
-        On an accelerator, one gather over one flat index into the concatenated
-        parameters: two kernels whatever the number of tensors (a launch costs more
-        than the copy there). On the CPU, where a launch is a function call and the
-        copy is the cost, one ``index_select`` per tensor: 0.38 ms against 4.7 ms for
-        the 6-layer d256 model's 77 tensors (and 0.18 against 0.18 ms for the demo's 29).
+        On an accelerator, and on the CPU for small tensors (``_FLAT_CPU_MEAN_NUMEL``),
+        one gather over one flat index into the concatenated parameters: two kernels
+        whatever the number of tensors (a launch costs more than the copy there). On the
+        CPU with larger tensors, where the copy is the cost, one ``index_select`` per
+        tensor: 0.38 ms against 4.7 ms for the 6-layer d256 model's 77 tensors.
         """
         flats = [p.reshape(-1) for p in params]  # update() runs under no_grad: no graph
         if self._flat_index is not None:

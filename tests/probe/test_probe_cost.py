@@ -61,12 +61,21 @@ def test_flat_gather_gives_the_per_tensor_sketch_bit_for_bit():
     params = [p for p in model.parameters() if p.requires_grad]
     family = UpdateFamily()
     family._setup(params)
-    assert family._flat_index is None  # the CPU takes the per-tensor path
-    per_tensor = family._sketch(params)
-    family._flat_index = family._flat(params)  # the accelerators' path, forced here
+    assert family._flat_index is not None  # small tensors: the flat gather on the CPU too
     flat = family._sketch(params)
+    family._flat_index = None  # the per-tensor path of larger tensors, forced here
+    per_tensor = family._sketch(params)
     assert len(flat) == len(per_tensor) == len(family._segment)
     assert torch.equal(flat, per_tensor)
+
+
+def test_the_cpu_gathers_per_tensor_once_tensors_are_large():
+    large = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 128))  # 8.3k a tensor
+    params = list(large.parameters())
+    family = UpdateFamily()
+    family._setup(params)
+    assert family._flat_index is None
+    assert len(family._sketch(params)) == 2 * 2048 + 2 * 128
 
 
 @pytest.mark.parametrize("host_reads", [True, False])
