@@ -43,6 +43,15 @@ def unscale_factor(scaler: object, optimizer: object) -> torch.Tensor | None:
     return scale.double().reciprocal().float()
 
 
+def _unscaler(unscale: torch.Tensor | None, device: torch.device):
+    """``x -> x * unscale`` on ``device``; without AMP the identity (x * 1.0 is x, bit for
+    bit: no op to dispatch)."""
+    if unscale is None:
+        return lambda x: x
+    factor = unscale.to(device)
+    return lambda x: x * factor
+
+
 class GradientFamily(SignalFamily):
     keys = ("grad_norm", "grad_cv", "bottom_grad_norm", "grad_nonfinite")
     period_field = "gradient_every"
@@ -92,11 +101,11 @@ class GradientFamily(SignalFamily):
         squares = stacked.square()
         unscale = unscale_factor(state.scaler, state.optimizer)
         self.tensor_norms = self._spread(stacked if unscale is None else stacked * unscale, params)
-        unscale = 1.0 if unscale is None else unscale.to(device)
+        unscaled = _unscaler(unscale, device)
 
         total = squares.sum().sqrt()
         values: dict[str, torch.Tensor | float] = {
-            "grad_norm": total * unscale,
+            "grad_norm": unscaled(total),
             "grad_nonfinite": self._nonfinite(grads, total, state.host_reads),
         }
         layer_index, bottom_index = self._indices(with_grad, device)
@@ -108,7 +117,7 @@ class GradientFamily(SignalFamily):
             values["grad_cv"] = per_layer.std(correction=0) / per_layer.mean()
         if state.bottom_block is not None:
             bottom = squares.index_select(0, bottom_index).sum().sqrt()
-            values["bottom_grad_norm"] = bottom * unscale
+            values["bottom_grad_norm"] = unscaled(bottom)
         self._values = values
         return self
 

@@ -71,20 +71,23 @@ class UpdateFamily(SignalFamily):
         generator = torch.Generator().manual_seed(self.config.sketch_seed)
         size, segments = self.config.sketch_size, []
         device = params[0].device
+        host_index = []  # the same on the host: the flat index is built from these
         for number, p in enumerate(params):
             if p.numel() <= size:
-                self._index.append(None)
+                host_index.append(None)
                 segments.append(torch.full((p.numel(),), number))
             else:
                 # with replacement: randint is O(size), randperm would be O(numel)
-                index = torch.randint(p.numel(), (size,), generator=generator)
-                self._index.append(index.to(p.device))
+                host_index.append(torch.randint(p.numel(), (size,), generator=generator))
                 segments.append(torch.full((size,), number))
+        pairs = zip(host_index, params, strict=True)
+        self._index = [i if i is None else i.to(p.device) for i, p in pairs]
         self._segment = torch.cat(segments).to(device)
         self._lengths = torch.tensor([len(x) for x in segments], device=device)
         self._mixed = len({(p.device, p.dtype) for p in params}) != 1
         small = sum(p.numel() for p in params) <= _FLAT_CPU_MEAN_NUMEL * len(params)
-        self._flat_index = self._flat(params) if device.type != "cpu" or small else None
+        flat = device.type != "cpu" or small
+        self._flat_index = self._flat(params, host_index) if flat else None
         weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
         self._weights = torch.tensor(weights, device=device)
         self._flips = torch.zeros(self.config.flip_window, len(params), device=device)
@@ -109,14 +112,15 @@ class UpdateFamily(SignalFamily):
             parts = [part.to(self._segment.device, torch.float32) for part in parts]
         return torch.cat(parts).float()
 
-    def _flat(self, params: list[torch.nn.Parameter]) -> torch.Tensor | None:
+    def _flat(self, params: list[torch.nn.Parameter], host_index: list) -> torch.Tensor | None:
         """The sketch's positions in the parameters laid end to end (None unless every
-        tensor lies on one device with one dtype: the concatenation needs both)."""
+        tensor lies on one device with one dtype: the concatenation needs both), built
+        from the host's copies of the per-tensor indices (no read from the device)."""
         if self._mixed:
             return None
         parts, offset = [], 0
-        for p, index in zip(params, self._index, strict=True):
-            at = torch.arange(p.numel()) if index is None else index.cpu()
+        for p, index in zip(params, host_index, strict=True):
+            at = torch.arange(p.numel()) if index is None else index
             parts.append(at + offset)
             offset += p.numel()
         return torch.cat(parts).to(params[0].device)
@@ -171,8 +175,8 @@ class UpdateFamily(SignalFamily):
         ratio = torch.where(param_norm > 0, update_norm / param_norm, 0.0)
         values["update_ratio"] = ratio.index_select(0, self._weights).amax()
 
-        reversed_ = torch.zeros(n, device=update.device)
         if self._previous is None:
+            reversed_ = torch.zeros(n, device=update.device)
             values["update_cos"] = math.nan
             self._previous, self._previous_norm = update, None
         else:

@@ -62,6 +62,8 @@ def test_flat_gather_gives_the_per_tensor_sketch_bit_for_bit():
     family = UpdateFamily()
     family._setup(params)
     assert family._flat_index is not None  # small tensors: the flat gather on the CPU too
+    host_index = [None if i is None else i.cpu() for i in family._index]
+    assert torch.equal(family._flat(params, host_index), family._flat_index)
     flat = family._sketch(params)
     family._flat_index = None  # the per-tensor path of larger tensors, forced here
     per_tensor = family._sketch(params)
