@@ -102,14 +102,16 @@ def test_a_healthy_deferred_step_reads_nothing_to_the_host(tmp_path, monkeypatch
     _fused_run(tmp_path / "deferred", "deferred", 40, counter).close()
     deferred, counter.per_step = counter.per_step, []
     _fused_run(tmp_path / "step", "step", 40, counter).close()
-    # read at every step (sync="step"): the guard's loss and norm (.cpu() twice, .tolist()),
-    # the probe's finiteness check of the norm (free on the CPU: bool) and its record
-    # (.tolist()); step 10 checkpoints (healthy_quiet_steps reached) and reads the
-    # parameters' finiteness too (.cpu(), bool)
-    assert counter.per_step == [5] * 10 + [7] + [5] * 29
+    # read at every step (sync="step"), on the CPU value by value (free there; a device's
+    # values go to the host in one stack): the guard's loss and norm (2 floats), the
+    # probe's finiteness check of the norm and whether every tensor moved (2 bools; at
+    # step 0 no update came before: 1) and the record's tensors (10 floats; 15 at step
+    # 0, 17 with the attention pass of every 10th step); step 10 checkpoints
+    # (healthy_quiet_steps reached) and reads the parameters' finiteness too (.cpu(), bool)
+    assert counter.per_step == [18] + [14] * 9 + [23] + [14] * 9 + ([21] + [14] * 9) * 2
     # deferred: nothing, but at the checkpoint, which reads its facts at once (as above);
-    # the attention pass of every 10th step reads nothing either
-    assert deferred == [0] * 10 + [7] + [0] * 29
+    # the attention pass of every 10th step and the sketch's set-up read nothing either
+    assert deferred == [0] * 10 + [23] + [0] * 29
 
 
 def _same_run(a: Guard, b: Guard) -> None:
