@@ -234,9 +234,16 @@ def _recalibrated(result, dataset: Dataset, new: Sequence[str], progress):
     return replace(result, model=model)
 
 
-def _comparison_runs(runs: Mapping[str, Path], benchmark: FrozenBenchmark, new: Sequence[str]):
-    ids = sorted({*(r for r in benchmark.run_ids if r in runs), *new})
-    return load_runs([runs[r] for r in ids])
+def _comparison_runs(
+    result, runs: Mapping[str, Path], benchmark: FrozenBenchmark, new: Sequence[str]
+) -> list:
+    """The benchmark's runs, read, and the new runs among the challenger's test runs, held
+    (and scored) already. A new run it trained or validated on would only be set apart by
+    promotion (``promotion.unseen_by``), so it is not read again."""
+    fresh = set(new)
+    held = [r for r in result.test_runs if r.run_id in fresh]
+    read = load_runs([runs[r] for r in sorted(benchmark.run_ids) if r in runs and r not in fresh])
+    return sorted([*read, *held], key=lambda r: r.run_id)
 
 
 def _log_challenger(result, comparison, key, benchmark, experiment, model_name):
@@ -453,7 +460,7 @@ def retrain(
     result = _train(sorted(training.values()), config, dask, progress)
     if recalibrate:
         result = _recalibrated(result, dataset, report.run_ids, progress)
-    comparison = _comparison_runs(dataset.paths, benchmark, report.run_ids)
+    comparison = _comparison_runs(result, dataset.paths, benchmark, report.run_ids)
     logged = _log_challenger(result, comparison, key, benchmark, experiment, model_name)
     _log(progress, f"v{logged.version}: {'promoted' if logged.promoted else 'kept out'}")
     record(logged.run_id, result.fingerprint)
