@@ -8,12 +8,12 @@ number: :class:`GuardPolicy`.
 
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.guard import Guard, GuardGaveUp
-from collapse_guard.guard.policy import LEVELS, GuardPolicy
+from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.qk_clip import QKLayout
 from collapse_guard.guard.schedule import warmup_cosine
 
 __all__ = [
-    "LEVELS",
+    "RISK_LEVELS",
     "Guard",
     "GuardDecision",
     "GuardGaveUp",

@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from collapse_guard.guard.policy import LEVELS, GuardPolicy
+from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 
 __all__ = ["GuardDecision", "StepFacts", "decide", "next_lr_multiplier"]
 
@@ -169,8 +169,8 @@ def _skip_reason(facts: StepFacts, policy: GuardPolicy) -> str:
 
 def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     """The decision for one step (the module docstring gives the rules and their order)."""
-    if facts.level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {facts.level!r}")
+    if facts.level not in RISK_LEVELS:
+        raise ValueError(f"level must be one of {RISK_LEVELS}, got {facts.level!r}")
     common = {"step": facts.step, "level": facts.level, "probability": facts.probability}
     lr = next_lr_multiplier(facts.lr_multiplier, facts.level, policy)
     if facts.stale_gradients:

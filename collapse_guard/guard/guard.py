@@ -76,7 +76,7 @@ from collapse_guard.guard.device_gate import (
     skip_flag,
 )
 from collapse_guard.guard.forensics import GradientHistory
-from collapse_guard.guard.policy import LEVELS, GuardPolicy
+from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
 from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
@@ -804,7 +804,7 @@ class Guard:
         probe_pass = self.probe.last_pass
         if self.qk is None or self.rank != 0 or probe_pass is None or decision.rescue:
             return {}
-        if self.policy.qk_clip == "watch" and LEVELS.index(decision.level) < 1:
+        if self.policy.qk_clip == "watch" and RISK_LEVELS.index(decision.level) < 1:
             return {}
         if self.policy.qk_clip == "rescue" and not self.rescues:
             return {}

@@ -13,10 +13,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
+from collapse_guard.predictor.core.levels import LEVELS
 
-__all__ = ["LEVELS", "QK_CLIP_MODES", "GuardPolicy"]
+__all__ = ["QK_CLIP_MODES", "RISK_LEVELS", "GuardPolicy"]
 
-LEVELS: tuple[str, ...] = ("ok", "watch", "warn", "critical")
+# the levels a risk reading can have: below the model's lowest threshold, or one of its
+# alarm levels (predictor LEVELS: the ones with a threshold)
+RISK_LEVELS: tuple[str, ...] = ("ok", *LEVELS)
 QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 
 

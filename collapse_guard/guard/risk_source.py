@@ -11,7 +11,7 @@ answers an error or garbage, or is still busy with the previous window when the 
 due, the window is scored by the embedded model instead, a warning is given once, and the
 service is tried again after a back-off (2, 4, ... 32 windows). Everything read from the
 network is untrusted (:func:`read_answer`): a probability that is not a number in [0, 1],
-a level that is not one of ``LEVELS``, a ``hold_steps`` that is not a whole number in
+a level that is not one of ``RISK_LEVELS``, a ``hold_steps`` that is not a whole number in
 [0, ``MAX_HOLD_STEPS``] make the whole answer garbage.
 
 The probability is the answer; its level is checked against it. The guard acts on the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collapse_guard.guard.policy import LEVELS
+from collapse_guard.guard.policy import RISK_LEVELS
 from collapse_guard.predictor.core.hold import RiskHold
 
 __all__ = [
@@ -72,8 +72,8 @@ def read_answer(result: Any) -> tuple[float, str, int]:
     hold = getattr(result, "hold_steps", None)
     if not (_is_number(p) and math.isfinite(p) and 0.0 <= p <= 1.0):
         raise GarbageAnswer(f"garbage answer: probability {p!r} is not a number in [0, 1]")
-    if not isinstance(level, str) or level not in LEVELS:
-        raise GarbageAnswer(f"garbage answer: level {level!r} is not one of {LEVELS}")
+    if not isinstance(level, str) or level not in RISK_LEVELS:
+        raise GarbageAnswer(f"garbage answer: level {level!r} is not one of {RISK_LEVELS}")
     if not (isinstance(hold, int) and not isinstance(hold, bool)) or not (
         0 <= hold <= MAX_HOLD_STEPS
     ):
@@ -88,7 +88,7 @@ def _thresholds(values: Any) -> dict[str, float] | None:
     if not isinstance(values, dict):
         return None
     try:
-        out = {level: float(values[level]) for level in LEVELS[1:]}  # "ok" has none
+        out = {level: float(values[level]) for level in RISK_LEVELS[1:]}  # "ok" has none
     except (KeyError, TypeError, ValueError):
         return None
     ordered = list(out.values())

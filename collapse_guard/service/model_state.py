@@ -42,7 +42,7 @@ from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.core.levels import LEVELS
 from collapse_guard.service.model_check import BOOSTER_FILE, check_booster_file, staged_model
 from collapse_guard.service.runs import RunWindow, WindowBatch
-from collapse_guard.service.scoring import Scorer
+from collapse_guard.service.scoring import ServedModel
 from collapse_guard.service.wire import ModelInfo, SchemaInfo
 
 __all__ = [
@@ -78,7 +78,7 @@ class ReloadBusy(Exception):
 class Serving:
     """A loaded, checked model and how it was found."""
 
-    scorer: Scorer
+    scorer: ServedModel
     source: str
     alias: str | None
     info: ModelInfo
@@ -108,7 +108,7 @@ def known_window(signals: Sequence[str], steps: int = DEFAULT_WINDOW) -> RunWind
     return RunWindow("known-window", np.arange(steps, dtype=np.int64), columns)
 
 
-def _check(scorer: Scorer) -> float:
+def _check(scorer: ServedModel) -> float:
     window = known_window(scorer.signals)
     batch = WindowBatch.of([window], scorer.context_fields)
     served = scorer.answers(batch, top_k=1)[0]["probability"]
@@ -146,7 +146,7 @@ def _public(value: Any) -> Any:
     return scrub_paths(value) if isinstance(value, str) else value
 
 
-def _info(scorer: Scorer, source: str, alias: str | None) -> ModelInfo:
+def _info(scorer: ServedModel, source: str, alias: str | None) -> ModelInfo:
     model, meta = scorer.model, scorer.model.meta
     schema = model.schema
     figures = {
@@ -222,7 +222,7 @@ def load_serving(source: str | None) -> Serving:
     source = source or DEFAULT_SOURCE
     try:
         model, numbered = _load_checked(source)
-        scorer = Scorer(model, str(model.meta["name"]), _content_version(model, numbered))
+        scorer = ServedModel(model, str(model.meta["name"]), _content_version(model, numbered))
         probability = _check(scorer)
     except ModelLoadError as error:
         raise ModelLoadError(f"model {source!r} failed its check: {error}") from None

@@ -31,7 +31,7 @@ from collapse_guard.service.wire import (
     SignalContribution,
 )
 
-__all__ = ["Scorer", "answers_json", "signal_of"]
+__all__ = ["ServedModel", "answers_json", "signal_of"]
 
 
 def signal_of(feature: str) -> str:
@@ -42,7 +42,7 @@ def signal_of(feature: str) -> str:
 
 
 def answers_json(answers: list[dict[str, Any]]) -> bytes:
-    """The ``RiskResponse`` body of :meth:`Scorer.answers`."""
+    """The ``RiskResponse`` body of :meth:`ServedModel.answers`."""
     # pydantic's Rust encoder: 0.23 ms for 64 answers against json.dumps' 0.68 here
     # (shortest round-trip floats, like json); a non-finite number, a bug, would be null
     return pydantic_core.to_json({"results": answers})
@@ -53,7 +53,7 @@ def _reasons(batch: WindowBatch) -> list[str | None]:
 
 
 @dataclass(frozen=True)
-class Scorer:
+class ServedModel:
     """A loaded model and the name and version its answers carry."""
 
     model: object  # RiskModel (typed loosely: importing it here would load lightgbm early)

@@ -13,7 +13,7 @@ from collapse_guard.service.arrow_codec import RawRun, decode_runs, encode_runs
 from collapse_guard.service.errors import BadRequest
 from collapse_guard.service.limits import Limits
 from collapse_guard.service.runs import WindowBatch, check_window
-from collapse_guard.service.scoring import Scorer, answers_json
+from collapse_guard.service.scoring import ServedModel, answers_json
 from collapse_guard.service.wire import RiskResponse
 
 
@@ -61,7 +61,7 @@ def test_arrow_stream_decodes_to_the_batch_of_the_run_by_run_checks(default_mode
 def test_a_batch_scores_each_run_as_the_model_alone(default_model):
     shape = _shape(default_model)
     runs = _runs(shape["signals"], shape["context_fields"])
-    scorer = Scorer(default_model, "m", "v")
+    scorer = ServedModel(default_model, "m", "v")
     answers = scorer.answers(decode_runs(encode_runs(runs), **shape), top_k=3)
     results = RiskResponse.model_validate_json(answers_json(answers)).results
     for run, result in zip(runs, results, strict=True):
@@ -75,7 +75,7 @@ def test_a_batch_scores_each_run_as_the_model_alone(default_model):
 def test_answers_are_the_risk_response_schema(default_model):
     shape = _shape(default_model)
     runs = _runs(shape["signals"], shape["context_fields"])
-    scorer = Scorer(default_model, "name-x", "version-y")
+    scorer = ServedModel(default_model, "name-x", "version-y")
     answers = scorer.answers(decode_runs(encode_runs(runs), **shape), top_k=2)
     body = answers_json(answers)
     typed = RiskResponse.model_validate_json(body)

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from collapse_guard.service.model_state import known_window
-from collapse_guard.service.scoring import Scorer
+from collapse_guard.service.scoring import ServedModel
 from collapse_guard.service.treeshap import build
 
 
@@ -212,7 +212,7 @@ def test_a_categorical_split_falls_back_to_pred_contrib(default_model):
     )
     assert build(booster) is None
     # the scorer of a model without tables answers with pred_contrib itself
-    scorer = Scorer(default_model, "m", "v")
+    scorer = ServedModel(default_model, "m", "v")
     scorer.__dict__["_shap_tables"] = None
     X = _feature_rows(default_model, steps=(200,))
     assert np.array_equal(scorer._contributions(X), _pred_contrib(default_model.booster, X))
