@@ -13,13 +13,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
-from collapse_guard.predictor.core.levels import LEVELS
+from collapse_guard.predictor.core.levels import RISK_LEVELS
 
 __all__ = ["QK_CLIP_MODES", "RISK_LEVELS", "GuardPolicy"]
 
-# the levels a risk reading can have: below the model's lowest threshold, or one of its
-# alarm levels (predictor LEVELS: the ones with a threshold)
-RISK_LEVELS: tuple[str, ...] = ("ok", *LEVELS)
 QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 
 

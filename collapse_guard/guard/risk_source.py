@@ -36,8 +36,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collapse_guard.guard.policy import RISK_LEVELS
 from collapse_guard.predictor.core.hold import RiskHold
+from collapse_guard.predictor.core.levels import LEVELS, RISK_LEVELS
 
 __all__ = [
     "MAX_HOLD_STEPS",
@@ -88,7 +88,7 @@ def _thresholds(values: Any) -> dict[str, float] | None:
     if not isinstance(values, dict):
         return None
     try:
-        out = {level: float(values[level]) for level in RISK_LEVELS[1:]}  # "ok" has none
+        out = {level: float(values[level]) for level in LEVELS}  # "ok" has no threshold
     except (KeyError, TypeError, ValueError):
         return None
     ordered = list(out.values())

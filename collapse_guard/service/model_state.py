@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from collapse_guard.features import DEFAULT_WINDOW
-from collapse_guard.predictor.core.levels import LEVELS
+from collapse_guard.predictor.core.levels import RISK_LEVELS
 from collapse_guard.service.model_check import BOOSTER_FILE, check_booster_file, staged_model
 from collapse_guard.service.runs import RunWindow, WindowBatch
 from collapse_guard.service.scoring import ServedModel
@@ -169,7 +169,7 @@ def _info(scorer: ServedModel, source: str, alias: str | None) -> ModelInfo:
             fingerprint=schema.fingerprint,
             names=list(schema.names),
         ),
-        levels=["ok", *LEVELS],
+        levels=list(RISK_LEVELS),
         thresholds=model.thresholds,
         budgets={k: float(v) for k, v in model.budgets.items()},
         trained_at=meta.get("trained_at"),

@@ -43,6 +43,7 @@ __all__ = [
     "BUDGET_FACTOR",
     "DEFAULT_BUDGETS",
     "LEVELS",
+    "RISK_LEVELS",
     "alarm_starts",
     "allowed_false_alarms",
     "episode_counts",
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 LEVELS: tuple[str, ...] = ("watch", "warn", "critical")
+# the levels a risk reading can have: below the lowest threshold ("ok"), or an alarm level
+RISK_LEVELS: tuple[str, ...] = ("ok", *LEVELS)
 
 # healthy steps between false alarms, per level (see the module docstring)
 DEFAULT_BUDGETS: dict[str, int] = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
