@@ -19,6 +19,13 @@ Configurations, from any of:
   re-warm for the sudden ones), in index order, so that no one mechanism fills a half.
 * ``--only I ...`` without a sweep on disk: ``sample_config(seed, I, steps)`` for each
   index; the unguarded arm is trained here and its own onset gives the half.
+* ``--drawn-adamw I ...``: issue 24's AdamW set-ups on architectures drawn part by
+  part (``family="drawn"``): AdamW (0.9, 0.95), weight decay 0.1, the sampler's
+  ``constant_high`` (a long warmup to a constant LR 2-6x the edge; every odd index
+  decays by cosine to 0.1x instead: ``cosine_high``) and ``slow_ramp`` (learn at a safe
+  LR, re-warm over 100-300 steps to 2-4x the edge); named ``adamw-III``, their half
+  from the unguarded arm's run. Not every one collapses: those that do not are no
+  collapse to rescue and are left out of the tables.
 * ``--runs DIR``: the collapsed run files in DIR (``--runs-optimizer`` narrows them),
   each replayed from the config its metadata holds; its half from that metadata.
 
@@ -35,9 +42,9 @@ arm                   what
                       one (``--rerun-unguarded`` trains it again: the loop below,
                       without the probe, reproduces the sweep; checked on index 48)
 ``guarded``           ``collapse_guard.demo.run_scenario``: ``Guard`` with the bundled
-                      model (``RiskModel.load()``), policy defaults, clipping at the
-                      config's own
-``guarded_qk``        the same with ``qk_clip="always"`` (tau 100)
+                      model (``RiskModel.load()``), policy defaults (QK-clip
+                      ``"always"`` at tau 100 since issue 24), clipping at the config's own
+``guarded_no_qk``     the same with ``qk_clip="off"`` (the default before issue 24)
 ``guarded_qk_watch``  the same with ``qk_clip="watch"``
 ``qk_alone``          QK-clip alone at tau 100, Kimi K2's rule: no forecast, no
                       reactive path; the probe's attention pass every 10 steps (the
@@ -72,9 +79,9 @@ the last 20 finite losses. A run whose loss stays non-finite for
 
 Resumable: each finished (configuration, arm) is one JSON line in ``--out``/results.jsonl
 (its losses included); a rerun skips those already there. The guard's arms are keyed by
-a hash of the guard's source (``collapse_guard/guard/*.py`` and ``demo.py``) and of the
-bundled model, so a change to either reruns only them. ``--report-only`` prints the
-tables from the file.
+a hash of the guard's code (``collapse_guard/guard/*.py`` and ``demo.py``, docstrings and
+comments left out) and of the bundled model, so a change to either reruns only them.
+``--report-only`` prints the tables from the file.
 
 Usage::
 
@@ -86,6 +93,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import hashlib
 import json
@@ -101,19 +109,27 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
-__all__ = ["bigram_entropy", "main", "pick_configs", "result_row", "safe_config", "token_entropy"]
+__all__ = [
+    "bigram_entropy",
+    "drawn_adamw_cases",
+    "main",
+    "pick_configs",
+    "result_row",
+    "safe_config",
+    "token_entropy",
+]
 
 # the guard's arms: GuardPolicy fields over the demo's own (module docstring)
 GUARD_POLICIES = {
     "guarded": {},
-    "guarded_qk": {"qk_clip": "always"},
+    "guarded_no_qk": {"qk_clip": "off"},
     "guarded_qk_watch": {"qk_clip": "watch"},
     "newest": {"average_span": 0},
     "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0},
     "rescue_both": {"qk_clip": "rescue"},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
-ARMS = ("unguarded", "guarded", "guarded_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
+ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both")
 HALVES = ("develops", "sudden", "between")
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
@@ -121,6 +137,7 @@ SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
 SAFE_SHARE = 0.5  # x STABLE_EDGE: the top of the sampler's healthy baseline range
 QK_TAU = 100.0  # Kimi K2's and Megatron-Core's tau
 FINAL_STEPS = 20
+DRAWN_ADAMW = {"beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1}  # nanoGPT's, Llama's
 NONFINITE_PATIENCE = 10
 _ROLLBACK = re.compile(r"rollback:avg\d+@(\d+)")
 _AVERAGED = re.compile(r"rollback:avg(\d+)@")
@@ -195,6 +212,21 @@ def sampler_cases(seed: int, indices: list[int], steps: int) -> list[dict]:
     from collapse_guard.datasets.real.sampler import sample_config
 
     return [_case(i, sample_config(seed, i, steps), None) for i in indices]
+
+
+def drawn_adamw_cases(seed: int, indices: list[int], steps: int) -> list[dict]:
+    """``--drawn-adamw`` (module docstring): AdamW as large runs set it, on drawn
+    architectures, LR above the edge by a warmup or a slow ramp."""
+    from collapse_guard.datasets.real.sampler import Focus, sample_config
+
+    focus = Focus(("constant_high", "slow_ramp"), ("adamw",), ("drawn",))
+    cases = []
+    for i in indices:
+        config = replace(sample_config(seed, i, steps, focus), **DRAWN_ADAMW)
+        if config.recipe == "constant_high" and i % 2:
+            config = replace(config, recipe="cosine_high", min_lr_ratio=0.1)
+        cases.append(_case(f"adamw-{i:03d}", config, None))
+    return cases
 
 
 def run_file_cases(folder: Path, optimizer: str | None = None) -> list[dict]:
@@ -542,13 +574,26 @@ def run_task(task: dict) -> dict:
 # ------------------------------------------------------------------ driver
 
 
+def _code(path: Path) -> bytes:
+    """What a module does, without what it says: its syntax tree with the docstrings
+    dropped (comments are not in it), so a reworded docstring reruns nothing."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 def guard_key() -> str:
-    """Hash of the guard's source and the bundled model: a change to either reruns only
-    the guard's arms."""
+    """Hash of the guard's code (``_code``) and the bundled model: a change to either
+    reruns only the guard's arms."""
     digest = hashlib.sha256()
     files = sorted((_ROOT / "collapse_guard" / "guard").glob("*.py"))
-    model = sorted((_ROOT / "collapse_guard" / "predictor" / "default_model").glob("*"))
-    for path in [*files, _ROOT / "collapse_guard" / "demo.py", *model]:
+    for path in [*files, _ROOT / "collapse_guard" / "demo.py"]:
+        digest.update(_code(path))
+    for path in sorted((_ROOT / "collapse_guard" / "predictor" / "default_model").glob("*")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -567,18 +612,19 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     """Why ``arm`` would train the very run the ``guarded`` arm trained, or None.
 
     Each of these arms differs from ``guarded`` only from an event on: a head over tau at
-    a probe pass (the QK-clip arms plan from the same passes, and nothing else in them
-    differs), a first rescue (``rescue_*``), a rollback that averaged more than one
-    checkpoint (``newest``). A guarded run without that event is the arm's run, bit for
-    bit, and need not be trained again.
+    a probe pass (the QK-clip modes plan from the same passes, and nothing else in them
+    differs), a first rescue as well (``rescue_*``: no clip before one), a rollback that
+    averaged more than one checkpoint (``newest``). A guarded run without that event is
+    the arm's run, bit for bit, and need not be trained again.
     """
-    if arm in ("guarded_qk", "guarded_qk_watch"):
-        top = guarded.get("logit_max")
-        return (
-            f"no head over tau (max logit {top:.1f})" if top is not None and top <= QK_TAU else None
-        )
+    top = guarded.get("logit_max")
+    under_tau = (
+        f"no head over tau (max logit {top:.1f})" if top is not None and top <= QK_TAU else None
+    )
+    if arm in ("guarded_no_qk", "guarded_qk_watch"):
+        return under_tau
     if arm in ("rescue_qk", "rescue_both"):
-        return "no rescue" if guarded.get("rescues") == 0 else None
+        return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None
     if arm == "newest" and "averaged" in guarded:
         return "no rollback averaged" if guarded["averaged"] <= 1 else None
     return None
@@ -679,20 +725,20 @@ def report(results: Path, current: str) -> None:
     )
 
 
-_SHOWN = ("guarded", "guarded_qk", "guarded_qk_watch", "qk_alone", "olmo", "zclip", "safe_lr")
+_SHOWN = ("guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "olmo", "zclip", "safe_lr")
 
 
 def _config_table(by: dict) -> None:
     print(
-        "| config | half | mechanism | bigram | unguarded | guarded | + QK always | + QK watch | "
-        "QK alone | OLMo skip | ZClip | safe LR | final loss guarded / + QK always / safe LR "
+        "| config | half | mechanism | bigram | unguarded | guarded | QK-clip off | QK watch | "
+        "QK alone | OLMo skip | ZClip | safe LR | final loss guarded / QK-clip off / safe LR "
         "| rescues, steps lost (guarded) |"
     )
     print("|" + "---|" * 14)
     for index in sorted(by, key=_sort_key):
         arms = by[index]
         first = next(iter(arms.values()))
-        g, q, safe = (arms.get(a) for a in ("guarded", "guarded_qk", "safe_lr"))
+        g, q, safe = (arms.get(a) for a in ("guarded", "guarded_no_qk", "safe_lr"))
         cells = [str(index), str(first["half"]), first["group"], _fmt(first.get("bigram"), ".2f")]
         cells += [_outcome(arms.get(a)) for a in ("unguarded", *_SHOWN)]
         cells.append(" / ".join(_fmt(r and r["final_loss"]) for r in (g, q, safe)))
@@ -787,15 +833,18 @@ def _cases(args) -> list[dict]:
     cases = []
     if args.only and not args.sweep.exists():
         cases += sampler_cases(args.seed, args.only, args.steps)
-    elif args.sweep.exists() and (args.only or not args.runs):
+    elif args.sweep.exists() and (args.only or not (args.runs or args.drawn_adamw)):
         picked = pick_configs(args.sweep, args.per_half, args.first)
         cases += [c for c in picked if not args.only or c["index"] in args.only]
+    if args.drawn_adamw:
+        cases += drawn_adamw_cases(args.seed, args.drawn_adamw, args.steps)
     for folder in args.runs:
         cases += run_file_cases(folder, args.runs_optimizer)
     if not cases:
         raise FileNotFoundError(
-            f"no configurations: {args.sweep} is not a sweep folder and neither --only nor "
-            "--runs was given; pass --only INDEX ... (drawn by the sampler) or --runs DIR"
+            f"no configurations: {args.sweep} is not a sweep folder and none of --only, "
+            "--drawn-adamw, --runs was given; pass --only INDEX ... (drawn by the sampler), "
+            "--drawn-adamw INDEX ... or --runs DIR"
         )
     return cases
 
@@ -810,6 +859,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:8]))
     parser.add_argument(
         "--only", type=int, nargs="*", help="these sweep indices only (no sweep: sampled)"
+    )
+    parser.add_argument(
+        "--drawn-adamw", type=int, nargs="*", help="issue 24's AdamW set-ups of these indices"
     )
     parser.add_argument("--runs", type=Path, action="append", default=[], help="run files")
     parser.add_argument("--runs-optimizer", help="of --runs, only this optimizer's")

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["GateBands", "HostCopy", "can_skip_on_device", "gated_step", "skip_flag"]
@@ -80,8 +81,8 @@ def gated_step(optimizer: Any, skip: torch.Tensor) -> None:
 
 
 class HostCopy:
-    """Named 0-d values (tensors or floats) on their way to the host; :meth:`read` them a
-    step later. On a GPU: one stack per device, one non-blocking copy into pinned memory
+    """Named values (tensors of any shape, or floats) on their way to the host; :meth:`read`
+    them a step later. On a GPU: one flat copy per device, non-blocking into pinned memory,
     and an event, so neither this step nor the read stalls the queue (the event is long
     past by then). CPU tensors are host memory already."""
 
@@ -92,23 +93,27 @@ class HostCopy:
         for key, value in values.items():
             if torch.is_tensor(value):
                 by_device.setdefault(value.device, []).append((key, value))
-        self.parts: list[tuple[list[str], torch.Tensor, Any]] = []
+        self.parts: list[tuple[list[tuple[str, torch.Size]], torch.Tensor, Any]] = []
         for device, items in by_device.items():
-            stacked = torch.stack([v.detach().reshape(()).double() for _, v in items])
+            flat = torch.cat([v.detach().reshape(-1).double() for _, v in items])
             event = None
             if device.type == "cuda":
-                host = torch.empty(len(items), dtype=torch.float64, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
+                host = torch.empty(len(flat), dtype=torch.float64, pin_memory=True)
+                host.copy_(flat, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record()
-                stacked = host
-            self.parts.append(([k for k, _ in items], stacked, event))
+                flat = host
+            self.parts.append(([(k, v.shape) for k, v in items], flat, event))
 
-    def read(self) -> dict[str, float]:
-        """The values as floats, in their order (host memory: ``numpy``, no device read)."""
-        out = dict(self.floats)
-        for keys, host, event in self.parts:
+    def read(self) -> dict[str, float | np.ndarray]:
+        """The values in their order: a float for a 0-d tensor or a float, a float64 array
+        of its shape otherwise (host memory: ``numpy``, no device read)."""
+        out: dict[str, float | np.ndarray] = dict(self.floats)
+        for shapes, host, event in self.parts:
             if event is not None:
                 event.synchronize()  # recorded a step ago: already passed
-            out.update(zip(keys, host.numpy().tolist(), strict=True))
+            flat, at = host.numpy(), 0
+            for key, shape in shapes:
+                part, at = flat[at : at + shape.numel()], at + shape.numel()
+                out[key] = float(part[0]) if not shape else part.reshape(shape)
         return {k: out[k] for k in self.keys}

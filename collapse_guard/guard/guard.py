@@ -43,8 +43,10 @@ reads and books (``_settle``). Steps that still sync, and why (``_healthy_decisi
 a checkpoint (parameters read for finiteness), warn or critical (outlier layers clipped
 by their norms), the first step after a rollback and data-fault mode (their rules read
 this very loss), layer caps left by a rescue, a forced action, stale gradients, AMP (the
-scaler's own skip), QK-clip and DDP (rank 0's decision is broadcast). A rescue found a
-step late rolls back at the next step, whose backward is then discarded.
+scaler's own skip), the step that applies a QK-clip plan (a head over tau at the last
+probe pass; the passes' head maxima travel with the deferred facts) and DDP (rank 0's
+decision is broadcast). A rescue found a step late rolls back at the next step, whose
+backward is then discarded.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -78,7 +81,7 @@ from collapse_guard.guard.device_gate import (
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
-from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan
+from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan, head_maxima
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
 from collapse_guard.guard.risk_source import ReadingHold, make_risk_source
 from collapse_guard.probe import Probe, ProbeConfig
@@ -90,6 +93,7 @@ STATE_VERSION = 2  # layout of Guard.state_dict(); bump when a key changes meani
 # rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added)
 _FORCEABLE = ("skip", "rescue", "checkpoint")
 _DEFAULT_WINDOW = 200  # records kept without a risk model (DESIGN.md's window)
+_QK_MAXIMA = "__qk:"  # a deferred step's head maxima, by module, among its facts
 _RECORDED_LOSS_STEPS = 20  # a checkpoint's recorded loss: the mean of this many last losses
 # (the label's smoothing time constant is 10 steps: 20 averages out a step's noise)
 
@@ -716,12 +720,14 @@ class Guard:
         the facts at the next step); None where this step reads its facts now.
 
         Read now (one sync): ``sync="step"``; DDP (rank 0's decision is broadcast); AMP
-        (the scaler's own skip); QK-clip; a stale step; a forced action; warn or critical
-        (outlier layers are clipped by their norms); the first step after a rollback and
-        data-fault mode (their rules read this step's loss); layer caps from a rescue; and
-        every step that checkpoints (the parameters are read for finiteness).
+        (the scaler's own skip); a QK-clip plan to apply (a head over tau at the last
+        probe pass, whose maxima a deferred step copies with its facts); a stale step; a
+        forced action; warn or critical (outlier layers are clipped by their norms); the
+        first step after a rollback and data-fault mode (their rules read this step's
+        loss); layer caps from a rescue; and every step that checkpoints (the parameters
+        are read for finiteness).
         """
-        if not self._defer or stale or self._forced is not None or self.qk is not None:
+        if not self._defer or stale or self._forced is not None or self.qk_pending:
             return None
         if self.level not in ("ok", "watch") or self.after_rollback or self.data_fault:
             return None
@@ -766,6 +772,9 @@ class Guard:
         applied_lr, self.lr_in_force = self.lr_in_force, in_force
         facts = {"__loss": loss, "__grad_norm": total, "__skip": skip}
         pending = self.probe.after_step_pending()
+        if self.qk is not None and self.probe.last_pass is not None:
+            maxima = head_maxima(self.probe.last_pass.attention)
+            pending.update({_QK_MAXIMA + name: m for name, m in maxima.items()})
         self._pending = (norms, HostCopy({**facts, **pending}), saved[0], applied_lr)
 
     def _settle(self) -> None:
@@ -781,6 +790,9 @@ class Guard:
         values = copy.read()
         loss_value, grad_norm = values.pop("__loss"), values.pop("__grad_norm")
         skipped = values.pop("__skip") > 0
+        maxima = {
+            k[len(_QK_MAXIMA) :]: values.pop(k) for k in list(values) if k.startswith(_QK_MAXIMA)
+        }
         record = dict.fromkeys(SIGNAL_NAMES, math.nan)
         record.update(values)
         stale = "zero_gradients" if grad_norm == 0.0 else ""
@@ -794,13 +806,16 @@ class Guard:
         if decision.apply_update:
             self.lr_in_force = applied_lr
             self._check_warmup(loop_lr)
+        self.qk_pending = self._qk_plan(decision, maxima)
         self._book(decision, norms, record, [])
         self._discard_next = decision.rescue
 
-    def _qk_plan(self, decision: GuardDecision) -> QKPlan:
+    def _qk_plan(
+        self, decision: GuardDecision, maxima: Mapping[str, np.ndarray] | None = None
+    ) -> QKPlan:
         """Rank 0's QK-clip plan from this step's probe pass ({} without one, after a
         rescue, whose rollback replaces the weights the pass read, or below the mode's
-        level)."""
+        level); ``maxima``: its head maxima, read by a deferred step's copy."""
         probe_pass = self.probe.last_pass
         if self.qk is None or self.rank != 0 or probe_pass is None or decision.rescue:
             return {}
@@ -808,7 +823,7 @@ class Guard:
             return {}
         if self.policy.qk_clip == "rescue" and not self.rescues:
             return {}
-        return self.qk.plan(probe_pass.attention)
+        return self.qk.plan(probe_pass.attention, maxima)
 
     def _clip(self, decision: GuardDecision, grad_norm: float, norms: torch.Tensor) -> None:
         bounds = dict(self.layer_bounds)

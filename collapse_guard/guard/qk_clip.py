@@ -38,6 +38,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -111,12 +112,13 @@ QKMapping = Mapping[str, QKLayout] | Callable[[str, nn.Module], QKLayout | None]
 
 def head_maxima(captures: Sequence[AttentionCapture]) -> dict[str, torch.Tensor]:
     """Per calling module (the innermost running one), each q head's largest logit over
-    every call it made (a module called twice, e.g. shared weights, keeps the larger)."""
+    every call it made (a module called twice, e.g. shared weights, keeps the larger), on
+    the device the probe measured it on."""
     maxima: dict[str, torch.Tensor] = {}
     for capture in captures:
         if capture.head_logit_max is None or not capture.modules:
             continue
-        name, value = capture.modules[-1], capture.head_logit_max.detach().float().cpu()
+        name, value = capture.modules[-1], capture.head_logit_max.detach().float()
         before = maxima.get(name)
         same = before is not None and before.shape == value.shape
         maxima[name] = torch.maximum(before, value) if same else value
@@ -261,19 +263,29 @@ class QKClip:
             stacklevel=4,
         )
 
-    def plan(self, captures: Sequence[AttentionCapture]) -> QKPlan:
+    def plan(
+        self,
+        captures: Sequence[AttentionCapture],
+        maxima_of: Mapping[str, np.ndarray] | None = None,
+    ) -> QKPlan:
         """The factors for every module with a head over tau (empty: nothing to do). A
         layout is looked for only where a head is over tau: a healthy run whose heads stay
-        under it hears nothing of a module the clip could not reach."""
+        under it hears nothing of a module the clip could not reach. ``maxima_of``: the
+        captures' :func:`head_maxima` already on the host (a deferred step's copy)."""
         plan: QKPlan = {}
-        maxima_of = head_maxima(captures)
+        if maxima_of is None:
+            maxima_of = {name: m.cpu().numpy() for name, m in head_maxima(captures).items()}
         if captures and not maxima_of:
             self._warn("", "the probe's attention_fn returns no per-head logits and modules")
         for name, maxima in maxima_of.items():
-            if not bool((maxima > self.tau).any()):
+            if not (maxima > self.tau).any():  # NaN compares False: nothing to clip
                 continue
-            layout = self.layout(name, maxima.numel())
-            factors = head_factors(maxima, layout.n_kv_heads, self.tau) if layout else None
+            layout = self.layout(name, maxima.size)
+            factors = (
+                head_factors(torch.from_numpy(maxima), layout.n_kv_heads, self.tau)
+                if layout
+                else None
+            )
             if factors is not None:
                 plan[name] = factors
         return plan

@@ -76,12 +76,12 @@ class ReadCounter:
         self.per_step.append(self.now)
 
 
-def _fused_run(tmp_path, sync: str, steps: int, counter=None, poison=None) -> Guard:
+def _fused_run(tmp_path, sync: str, steps: int, counter=None, poison=None, **policy) -> Guard:
     """A guarded run with fused AdamW; ``poison(step, loss)`` may change a step's loss."""
     torch.manual_seed(0)
     model, _ = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
-    config = {"checkpoint_every": 1000}  # the first healthy checkpoint only
+    config = {"checkpoint_every": 1000, **policy}  # the first healthy checkpoint only
     guard = Guard(model, optimizer, tmp_path, risk="off", config=config, sync=sync, preflight=False)
     loop = Loop()
     for step in range(steps):
@@ -106,12 +106,38 @@ def test_a_healthy_deferred_step_reads_nothing_to_the_host(tmp_path, monkeypatch
     # values go to the host in one stack): the guard's loss and norm (2 floats), the
     # probe's finiteness check of the norm and whether every tensor moved (2 bools; at
     # step 0 no update came before: 1) and the record's tensors (10 floats; 15 at step
-    # 0, 17 with the attention pass of every 10th step); step 10 checkpoints
-    # (healthy_quiet_steps reached) and reads the parameters' finiteness too (.cpu(), bool)
-    assert counter.per_step == [18] + [14] * 9 + [23] + [14] * 9 + ([21] + [14] * 9) * 2
+    # 0, 17 with the attention pass of every 10th step, and its head maxima for QK-clip:
+    # 18); step 10 checkpoints (healthy_quiet_steps reached) and reads the parameters'
+    # finiteness too (.cpu(), bool)
+    assert counter.per_step == [19] + [14] * 9 + [24] + [14] * 9 + ([22] + [14] * 9) * 2
     # deferred: nothing, but at the checkpoint, which reads its facts at once (as above);
-    # the attention pass of every 10th step and the sketch's set-up read nothing either
-    assert deferred == [0] * 10 + [23] + [0] * 29
+    # the attention pass of every 10th step (its head maxima travel with the deferred
+    # facts: the tiny GPT's heads stay at 0.03-0.6, under tau) and the sketch's set-up
+    # read nothing either
+    assert deferred == [0] * 10 + [24] + [0] * 29
+
+
+def test_deferred_qk_clip_reads_at_once_only_the_steps_that_clip(tmp_path, monkeypatch):
+    counter = ReadCounter(monkeypatch)
+    # tau 0.01: every pass (steps 0, 10, 20, 30) has heads over it; the step after each
+    # applies the plan after its update, so it reads its facts at once (14, as sync="step"
+    # does, and 3 as the clip scales the heads), and only it
+    guard = _fused_run(tmp_path, "deferred", 40, counter, qk_clip_tau=0.01)
+    guard.close()
+    read = [step for step, reads in enumerate(counter.per_step) if reads]
+    assert read == [1, 10, 11, 21, 31]  # step 10: the checkpoint, as above
+    assert [counter.per_step[s] for s in (1, 21, 31)] == [17] * 3
+    assert sorted({s for s, e in guard.events if e.startswith("qk_clip:")}) == [1, 11, 21, 31]
+
+
+def test_deferred_qk_clip_gives_the_same_run_as_read_at_once(tmp_path):
+    runs = [
+        _fused_run(tmp_path / sync, sync, 35, qk_clip_tau=0.01) for sync in ("step", "deferred")
+    ]
+    for guard in runs:
+        guard.close()
+    assert runs[0].qk_clips == runs[1].qk_clips > 0
+    _same_run(*runs)  # the same factors, applied after the same updates
 
 
 def _same_run(a: Guard, b: Guard) -> None:

@@ -81,9 +81,24 @@ def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_r
     loud = {"logit_max": 100.5, "rescues": 1, "averaged": 3}
     never_probed = {"logit_max": None, "rescues": 0, "averaged": 0}
     same = guard_rescue.same_as_guarded
-    assert same("guarded_qk", quiet) and same("guarded_qk_watch", quiet)
+    assert same("guarded_no_qk", quiet) and same("guarded_qk_watch", quiet)
     assert same("rescue_qk", quiet) and same("rescue_both", quiet) and same("newest", quiet)
-    for arm in ("guarded_qk", "guarded_qk_watch", "rescue_qk", "rescue_both", "newest"):
+    for arm in ("guarded_no_qk", "guarded_qk_watch", "rescue_qk", "rescue_both", "newest"):
         assert same(arm, loud) is None
-    assert same("guarded_qk", never_probed) is None  # no reading: trained
+    # the guarded arm clips from the first step: a run rescued without a head over tau
+    # is the rescue arms' run only if it was never rescued either
+    rescued_quiet = {"logit_max": 99.5, "rescues": 1, "averaged": 1}
+    assert same("rescue_qk", rescued_quiet) is None and same("guarded_no_qk", rescued_quiet)
+    clipped = {"logit_max": 100.5, "rescues": 0, "averaged": 1}
+    assert same("rescue_both", clipped) is None and same("newest", clipped)
+    assert same("guarded_no_qk", never_probed) is None  # no reading: trained
     assert same("qk_alone", quiet) is None and same("safe_lr", quiet) is None
+
+
+def test_the_guard_key_reads_the_code_not_its_docstrings_or_comments(tmp_path):
+    paths = [tmp_path / f"{name}.py" for name in "abc"]
+    paths[0].write_text('"""A."""\n\ndef f(x):\n    """Old."""\n    return x + 1  # why\n')
+    paths[1].write_text('"""B, reworded."""\n\ndef f(x):\n    """New."""\n    return x + 1\n')
+    paths[2].write_text('"""A."""\n\ndef f(x):\n    """Old."""\n    return x + 2  # why\n')
+    code = [guard_rescue._code(p) for p in paths]
+    assert code[0] == code[1] and code[0] != code[2]
