@@ -67,6 +67,8 @@ arm                   what
                       (``qk_clip="rescue"``) and the weakest LR cap the policy allows
                       (``rescue_lr=1``: the LR of the checkpoint rolled back to)
 ``rescue_both``       QK-clip from the first rescue on and today's cap (0.5x)
+``rescue_quarter``    ``guarded`` with a cap at a quarter of the checkpoint's LR
+                      (``rescue_lr=0.25``), not half
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -127,10 +129,11 @@ GUARD_POLICIES = {
     "newest": {"average_span": 0},
     "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0},
     "rescue_both": {"qk_clip": "rescue"},
+    "rescue_quarter": {"rescue_lr": 0.25},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
-ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both")
+ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 HALVES = ("develops", "sudden", "between")
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
@@ -623,6 +626,8 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     )
     if arm in ("guarded_no_qk", "guarded_qk_watch"):
         return under_tau
+    if arm == "rescue_quarter":
+        return "no rescue" if guarded.get("rescues") == 0 else None
     if arm in ("rescue_qk", "rescue_both"):
         return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None
     if arm == "newest" and "averaged" in guarded:
@@ -687,7 +692,7 @@ def _by_config(done: dict, current: str) -> dict:
     the configuration came without one (``--only`` without a sweep)."""
     by: dict = defaultdict(dict)
     for (index, arm, key), row in done.items():
-        if arm not in GUARD_POLICIES or key == current:
+        if arm in ARMS and (arm not in GUARD_POLICIES or key == current):
             by[index][arm] = row
     for arms in by.values():
         first = arms.get("unguarded") or next(iter(arms.values()))

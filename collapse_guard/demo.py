@@ -93,8 +93,9 @@ class DemoRun:
         return sum(tail) / len(tail) if tail else math.nan
 
     def actions(self) -> Counter:
-        """How many times the guard did each thing (a rescue's parts counted once)."""
-        kinds = ("rescue", "skip", "checkpoint", "clip_layers")
+        """How many times the guard did each thing (a rescue's parts counted once; a
+        ``qk_clip`` is one head's)."""
+        kinds = ("rescue", "skip", "checkpoint", "clip_layers", "qk_clip")
         return Counter(k for _, e in self.events if (k := e.split(":")[0]) in kinds)
 
 

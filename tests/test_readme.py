@@ -238,8 +238,15 @@ def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
     assert f"warns of {lead} steps ahead" in README.read_text()  # the top line
     frame, _ = read_run(next((tmp_path / "guarded").glob("run-*.parquet")))
     events = [(int(s), e) for s, e in zip(frame["step"], frame["event"], strict=True) if e]
-    first_clip = next(s for s, e in events if "qk_clip:" in e)
-    assert _quoted(r"clipping from step (\d+) on the attention heads", section) == str(first_clip)
+    clipped = [(s, e.count("qk_clip:")) for s, e in events if "qk_clip:" in e]
+    assert _quoted(r"clipping from step (\d+) on the attention heads", section) == str(
+        clipped[0][0]
+    )
+    heads = sum(n for _, n in clipped)
+    assert (
+        _quoted(r"(\d+ heads clipped on \d+ steps)", section)
+        == f"{heads} heads clipped on {len(clipped)} steps"
+    )
     first_cut = next(s for s, e in events if "lr_x0.5" in e)
     assert _quoted(r"halves the LR at step (\d+)", section) == str(first_cut)
     ((rescue, actions),) = [(s, e) for s, e in events if "rescue:" in e]
