@@ -716,6 +716,8 @@ def report(results: Path, current: str) -> None:
     _arm_table(by)
     print()
     _average_table(by)
+    print()
+    _healthy_table(by)
     walls = defaultdict(list)
     for arms in by.values():
         for arm, row in arms.items():
@@ -743,6 +745,8 @@ def _config_table(by: dict) -> None:
     for index in sorted(by, key=_sort_key):
         arms = by[index]
         first = next(iter(arms.values()))
+        if first["half"] is None:  # no collapse unguarded (or not run yet): _healthy_table
+            continue
         g, q, safe = (arms.get(a) for a in ("guarded", "guarded_no_qk", "safe_lr"))
         cells = [str(index), str(first["half"]), first["group"], _fmt(first.get("bigram"), ".2f")]
         cells += [_outcome(arms.get(a)) for a in ("unguarded", *_SHOWN)]
@@ -795,6 +799,37 @@ def _arm_table(by: dict) -> None:
             steps = [a[arm]["steps_lost"] for a in rows[h] if "steps_lost" in a[arm]]
             lost.append(f"{statistics.median(steps):.0f}, {sum(steps)}" if steps else "-")
         print("| " + " | ".join([arm, *saved, *gaps, *lost]) + " |")
+
+
+def _healthy_table(by: dict) -> None:
+    """QK-clip where nothing collapses (the unguarded run healthy): the guard's final loss
+    with QK-clip ("always", the default) and without, beside the unguarded run's."""
+    quiet = {
+        index: arms
+        for index, arms in by.items()
+        if "unguarded" in arms
+        and arms["unguarded"]["onset"] is None
+        and {"guarded", "guarded_no_qk"} <= arms.keys()
+    }
+    if not quiet:
+        return
+    print(
+        "| config | recipe | bigram | final loss: unguarded / guarded / QK-clip off | "
+        "guarded - off | heads clipped | largest logit, guarded |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    moved = []
+    for index in sorted(quiet, key=_sort_key):
+        u, g, off = (quiet[index][arm] for arm in ("unguarded", "guarded", "guarded_no_qk"))
+        moved.append(g["final_loss"] - off["final_loss"])
+        finals = " / ".join(_fmt(r["final_loss"]) for r in (u, g, off))
+        cells = [str(index), u["recipe"], _fmt(u["bigram"], ".2f"), finals, _fmt(moved[-1], "+.4f")]
+        cells += [str(g.get("qk_clips", "-")), _fmt(g.get("logit_max"), ".1f")]
+        print("| " + " | ".join(cells) + " |")
+    print(
+        f"\n{len(moved)} runs that do not collapse: guarded - QK-clip off, median "
+        f"{statistics.median(moved):+.4f} nats, largest |difference| {max(map(abs, moved)):.4f}"
+    )
 
 
 def _average_table(by: dict) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from collapse_guard.guard.device_gate import HostCopy
 from collapse_guard.probe.capture import AttentionCapture
 
 __all__ = [
@@ -273,8 +274,8 @@ class QKClip:
         under it hears nothing of a module the clip could not reach. ``maxima_of``: the
         captures' :func:`head_maxima` already on the host (a deferred step's copy)."""
         plan: QKPlan = {}
-        if maxima_of is None:
-            maxima_of = {name: m.cpu().numpy() for name, m in head_maxima(captures).items()}
+        if maxima_of is None:  # one copy for every module (on a GPU: one sync, not one each)
+            maxima_of = HostCopy(head_maxima(captures)).read()
         if captures and not maxima_of:
             self._warn("", "the probe's attention_fn returns no per-head logits and modules")
         for name, maxima in maxima_of.items():

@@ -106,15 +106,15 @@ def test_a_healthy_deferred_step_reads_nothing_to_the_host(tmp_path, monkeypatch
     # values go to the host in one stack): the guard's loss and norm (2 floats), the
     # probe's finiteness check of the norm and whether every tensor moved (2 bools; at
     # step 0 no update came before: 1) and the record's tensors (10 floats; 15 at step
-    # 0, 17 with the attention pass of every 10th step, and its head maxima for QK-clip:
-    # 18); step 10 checkpoints (healthy_quiet_steps reached) and reads the parameters'
-    # finiteness too (.cpu(), bool)
-    assert counter.per_step == [19] + [14] * 9 + [24] + [14] * 9 + ([22] + [14] * 9) * 2
+    # 0, 17 with the attention pass of every 10th step; its head maxima for QK-clip come
+    # to the host as one array, through numpy); step 10 checkpoints (healthy_quiet_steps
+    # reached) and reads the parameters' finiteness too (.cpu(), bool)
+    assert counter.per_step == [18] + [14] * 9 + [23] + [14] * 9 + ([21] + [14] * 9) * 2
     # deferred: nothing, but at the checkpoint, which reads its facts at once (as above);
     # the attention pass of every 10th step (its head maxima travel with the deferred
     # facts: the tiny GPT's heads stay at 0.03-0.6, under tau) and the sketch's set-up
     # read nothing either
-    assert deferred == [0] * 10 + [24] + [0] * 29
+    assert deferred == [0] * 10 + [23] + [0] * 29
 
 
 def test_deferred_qk_clip_reads_at_once_only_the_steps_that_clip(tmp_path, monkeypatch):
@@ -148,7 +148,7 @@ def _same_run(a: Guard, b: Guard) -> None:
     frame_b, _ = read_run(b.run_path)
     # the host's free memory is the machine's, read at two moments: not the run's
     differ = [c for c in frame_a if not frame_a[c].equals(frame_b[c])]
-    assert differ == ["host_mem_available"]
+    assert set(differ) <= {"host_mem_available"}  # equal too when the machine was quiet
 
 
 def test_deferred_facts_give_the_same_run_as_facts_read_at_once(tmp_path):
