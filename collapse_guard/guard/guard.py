@@ -39,14 +39,14 @@ With ``sync="deferred"`` (the default on a GPU with a fused Adam, AdamW or SGD) 
 step reads nothing: the device gates the update by the reactive rules
 (``device_gate.py``; same rules, same float64 arithmetic, so the same verdict), and the
 step's facts and record reach the host through a non-blocking copy that the next step
-reads and books (``_settle``). Steps that still sync, and why (``_healthy_decision``):
-a checkpoint (parameters read for finiteness), warn or critical (outlier layers clipped
-by their norms), the first step after a rollback and data-fault mode (their rules read
-this very loss), layer caps left by a rescue, a forced action, stale gradients, AMP (the
-scaler's own skip), the step that applies a QK-clip plan (a head over tau at the last
-probe pass; the passes' head maxima travel with the deferred facts) and DDP (rank 0's
-decision is broadcast). A rescue found a step late rolls back at the next step, whose
-backward is then discarded.
+reads and books (``deferred.py``'s ``_settle``). Steps that still sync, and why
+(``_healthy_decision``): a checkpoint (parameters read for finiteness), warn or critical
+(outlier layers clipped by their norms), the first step after a rollback and data-fault
+mode (their rules read this very loss), layer caps left by a rescue, a forced action,
+stale gradients, AMP (the scaler's own skip), the step that applies a QK-clip plan (a
+head over tau at the last probe pass; the passes' head maxima travel with the deferred
+facts) and DDP (rank 0's decision is broadcast). A rescue found a step late rolls back at
+the next step, whose backward is then discarded.
 """
 
 from __future__ import annotations
@@ -71,17 +71,11 @@ from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard import ddp
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, save_atomic
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
-from collapse_guard.guard.device_gate import (
-    GateBands,
-    HostCopy,
-    can_skip_on_device,
-    gated_step,
-    skip_flag,
-)
+from collapse_guard.guard.deferred import DeferredSteps, deferred_sync
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.preflight import WarmupCheck, preflight_warnings
-from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan, head_maxima
+from collapse_guard.guard.qk_clip import QKClip, QKMapping, QKPlan
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
 from collapse_guard.guard.risk_source import ReadingHold, make_risk_source
 from collapse_guard.probe import Probe, ProbeConfig
@@ -93,7 +87,6 @@ STATE_VERSION = 2  # layout of Guard.state_dict(); bump when a key changes meani
 # rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added)
 _FORCEABLE = ("skip", "rescue", "checkpoint")
 _DEFAULT_WINDOW = 200  # records kept without a risk model (DESIGN.md's window)
-_QK_MAXIMA = "__qk:"  # a deferred step's head maxima, by module, among its facts
 _RECORDED_LOSS_STEPS = 20  # a checkpoint's recorded loss: the mean of this many last losses
 # (the label's smoothing time constant is 10 steps: 20 averages out a step's noise)
 
@@ -102,7 +95,7 @@ class GuardGaveUp(RuntimeError):
     """The run kept collapsing after ``GuardPolicy.max_rescues`` rescues."""
 
 
-class Guard:
+class Guard(DeferredSteps):
     """Observe and act: ``decision = guard.step(loss)`` in place of ``optimizer.step()``.
 
     Args:
@@ -162,7 +155,7 @@ class Guard:
             _check_pair(model, optimizer)  # else the probe says what the type should be
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.probe = Probe(model, optimizer, probe_config, scaler=scaler)
-        self._defer = _deferred_sync(sync, model, optimizer)
+        self._defer = deferred_sync(sync, model, optimizer)
         self._pending: tuple | None = None  # a deferred step's facts, booked at the next call
         self._discard_next = False  # the rescue of a deferred step: the backward made since
         # ran at the weights it replaced
@@ -713,103 +706,6 @@ class Guard:
         if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and len(self.window):
             self.risk.submit(s, self.window.window(), self.context.get())
 
-    # ------------------------------------------------------- deferred facts
-    def _healthy_decision(self, s: int, stale: str) -> GuardDecision | None:
-        """Step ``s``'s decision if its loss and gradients are healthy, where nothing else
-        needs them before the update (then the device gates the update and the host reads
-        the facts at the next step); None where this step reads its facts now.
-
-        Read now (one sync): ``sync="step"``; DDP (rank 0's decision is broadcast); AMP
-        (the scaler's own skip); a QK-clip plan to apply (a head over tau at the last
-        probe pass, whose maxima a deferred step copies with its facts); a stale step; a
-        forced action; warn or critical (outlier layers are clipped by their norms); the
-        first step after a rollback and data-fault mode (their rules read this step's
-        loss); layer caps from a rescue; and every step that checkpoints (the parameters
-        are read for finiteness).
-        """
-        if not self._defer or stale or self._forced is not None or self.qk_pending:
-            return None
-        if self.level not in ("ok", "watch") or self.after_rollback or self.data_fault:
-            return None
-        amp = self.scaler is not None and self.scaler.is_enabled()
-        if amp or self.layer_bounds or ddp.is_distributed():
-            return None
-        facts = replace(self._facts(s, 0.0, 1.0), loss_z=math.nan, grad_z=math.nan)
-        decision = decide(replace(facts, collapse_online=False), self.policy)
-        return decision if decision.apply_update and not decision.checkpoint else None
-
-    def _gate_bands(self, s: int) -> GateBands:
-        p = self.policy
-        z = p.critical_outlier_z if self.level == "critical" else p.outlier_z
-        if self.skip_streak >= p.max_outlier_skips and not self._lr_jumped():
-            z = math.inf  # outliers are accepted now (decision.py); after an LR jump they rescue
-        online = self.online
-        return GateBands(
-            self.loss_history.band(),
-            self.grad_history.band(),
-            z,
-            online.smoothed,
-            online.alpha,
-            online.collapse_line(s),
-        )
-
-    def _apply_deferred(
-        self, decision: GuardDecision, loss: torch.Tensor, total: torch.Tensor, norms
-    ) -> None:
-        """The update of a healthy-looking step, gated on the device by the reactive rules;
-        its facts go to the host for :meth:`_settle`, with no sync now."""
-        skip = skip_flag(loss, total, self._gate_bands(self.step_index))
-        if decision.clip_to > 0:  # _clip's global clipping, on the device, same float ops
-            total64 = total.double()  # a full tensor divided, not scalar / tensor (torch's
-            # reciprocal-then-multiply rounds differently from the host's division)
-            coef = torch.full_like(total64, decision.clip_to) / (total64 + 1e-6)
-            coef = torch.where(total64 > decision.clip_to, coef, 1.0).float()
-            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
-        in_force = self.lr_in_force
-        saved = self._lr_with_multiplier(decision)
-        gated_step(self.optimizer, skip)
-        self._restore_lr(saved, warmup=False)  # the warm-up check counts applied steps
-        applied_lr, self.lr_in_force = self.lr_in_force, in_force
-        facts = {"__loss": loss, "__grad_norm": total, "__skip": skip}
-        pending = self.probe.after_step_pending()
-        if self.qk is not None and self.probe.last_pass is not None:
-            maxima = head_maxima(self.probe.last_pass.attention)
-            pending.update({_QK_MAXIMA + name: m for name, m in maxima.items()})
-        self._pending = (norms, HostCopy({**facts, **pending}), saved[0], applied_lr)
-
-    def _settle(self) -> None:
-        """Book the deferred step: read its facts (a step late: no stall), decide it as
-        the host would have, and book it. Its decision is that of a step read at once:
-        the device's gate applied exactly the rules that skip or rescue (asserted here).
-        A rescue rolls back now; the backward already made at the replaced weights is
-        then discarded (``skip:after_rescue``)."""
-        if self._pending is None:
-            return
-        norms, copy, loop_lr, applied_lr = self._pending
-        self._pending = None
-        values = copy.read()
-        loss_value, grad_norm = values.pop("__loss"), values.pop("__grad_norm")
-        skipped = values.pop("__skip") > 0
-        maxima = {
-            k[len(_QK_MAXIMA) :]: values.pop(k) for k in list(values) if k.startswith(_QK_MAXIMA)
-        }
-        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
-        record.update(values)
-        stale = "zero_gradients" if grad_norm == 0.0 else ""
-        if stale:
-            self._warn_stale(stale)
-        decision = self._decide(self.step_index, loss_value, grad_norm, norms, stale)
-        assert skipped == (not decision.apply_update), (decision, loss_value, grad_norm)
-        if decision.give_up:
-            self._give_up(decision)
-        self.lr_multiplier = decision.lr_multiplier
-        if decision.apply_update:
-            self.lr_in_force = applied_lr
-            self._check_warmup(loop_lr)
-        self.qk_pending = self._qk_plan(decision, maxima)
-        self._book(decision, norms, record, [])
-        self._discard_next = decision.rescue
-
     def _qk_plan(
         self, decision: GuardDecision, maxima: Mapping[str, np.ndarray] | None = None
     ) -> QKPlan:
@@ -1012,24 +908,6 @@ def _host_floats(*values: torch.Tensor) -> list[float]:
     if all(v.device.type == "cpu" for v in values):
         return [float(v) for v in values]
     return torch.stack([v.cpu() for v in values]).tolist()
-
-
-def _deferred_sync(sync: str, model: nn.Module, optimizer: Any) -> bool:
-    """Whether the guard reads a step's facts a step later (``Guard``'s ``sync``)."""
-    modes = ("auto", "step", "deferred")
-    if sync not in modes:
-        raise ValueError(f"sync must be one of {modes}, got {sync!r}")
-    on_device = can_skip_on_device(optimizer)
-    if sync == "deferred" and not on_device:
-        raise ValueError(
-            f"sync='deferred' needs an optimizer that skips an update on the device (takes "
-            f"a found_inf tensor); {type(optimizer).__name__} here does not. Build it with "
-            "fused=True (torch's Adam, AdamW, SGD), or use sync='step'"
-        )
-    if sync == "auto":
-        first = next(iter(model.parameters()), None) if isinstance(model, nn.Module) else None
-        return on_device and first is not None and first.device.type == "cuda"
-    return sync == "deferred"
 
 
 def _check_pair(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
