@@ -90,6 +90,8 @@ Usage::
     OMP_WAIT_POLICY=passive nice -n 10 python benchmarks/guard_rescue.py \\
         --only 1 9 11 --runs /root/cg-data/issue20/drawn-mix --runs-optimizer adamw \\
         --out /root/cg-data/rescue24 --workers 2 --arms unguarded guarded safe_lr
+    python benchmarks/guard_rescue.py --sweep /nonexistent --drawn-adamw 0 9 \
+        --out /root/cg-data/rescue24 --by-config --arms unguarded guarded guarded_no_qk
 """
 
 from __future__ import annotations
