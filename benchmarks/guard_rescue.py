@@ -69,6 +69,9 @@ arm                   what
 ``rescue_both``       QK-clip from the first rescue on and today's cap (0.5x)
 ``rescue_quarter``    ``guarded`` with a cap at a quarter of the checkpoint's LR
                       (``rescue_lr=0.25``), not half
+``rescue_developed``  the quarter only after a collapse that developed
+                      (``developed_rescue_lr=0.25``: an ``online_collapse`` rescue), half
+                      after a non-finite loss or an LR jump
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -132,10 +135,12 @@ GUARD_POLICIES = {
     "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0},
     "rescue_both": {"qk_clip": "rescue"},
     "rescue_quarter": {"rescue_lr": 0.25},
+    "rescue_developed": {"developed_rescue_lr": 0.25},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
+ARMS += ("rescue_developed",)
 HALVES = ("develops", "sudden", "between")
 DEVELOPS_FROM = 50  # steps from trigger to onset: the "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
@@ -628,7 +633,7 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     )
     if arm in ("guarded_no_qk", "guarded_qk_watch"):
         return under_tau
-    if arm == "rescue_quarter":
+    if arm in ("rescue_quarter", "rescue_developed"):
         return "no rescue" if guarded.get("rescues") == 0 else None
     if arm in ("rescue_qk", "rescue_both"):
         return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None

@@ -826,7 +826,9 @@ class Guard(DeferredSteps):
         if decision.reason.startswith("average_worse"):  # a correction of the last rescue:
             return events  # its LR cap and batch skips stand, none added
         if math.isfinite(healthy_lr):
-            self.lr_ceiling = p.rescue_lr * min(self.lr_ceiling, healthy_lr)
+            developed = decision.reason == "online_collapse"
+            factor = p.developed_rescue_lr if developed else p.rescue_lr
+            self.lr_ceiling = factor * min(self.lr_ceiling, healthy_lr)
         self.pending_skips += p.skip_batches
         for name, median in blown.items():
             self.layer_bounds[name] = p.rescue_layer_clip * median

@@ -57,6 +57,11 @@ class GuardPolicy:
     # fault keeps raising the loop's LR after the rollback, and a factor of 1/2 on an LR
     # that jumped 30x (the sampler's sudden recipe: 4-15x the edge) collapses again. The
     # cap rests on evidence: the run was healthy at the checkpoint's LR
+    developed_rescue_lr: float = 0.5  # the cap's factor instead when the rescue is of a
+    # collapse that developed (``online_collapse``: the label's rule, run live, saw the loss
+    # rise for 30+ steps at the LRs that led there, so the checkpoint's LR was already on
+    # the way); a rescue of a non-finite loss or of outliers after an LR jump keeps
+    # rescue_lr (the checkpoint's LR, before the fault, was sound)
 
     # --- checkpoints ---
     checkpoint_every: int = 100  # healthy steps between ring checkpoints (0 = only at
@@ -123,7 +128,7 @@ class GuardPolicy:
                 raise TypeError(f"GuardPolicy.{f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"GuardPolicy.{f.name} must be finite and >= 0, got {value!r}")
-        for name in ("warn_lr", "critical_lr", "rescue_lr"):
+        for name in ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(
                     f"GuardPolicy.{name} is an LR multiplier in (0, 1], got {getattr(self, name)!r}"

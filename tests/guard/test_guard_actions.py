@@ -255,3 +255,24 @@ def test_at_warn_an_outlier_tensor_is_clipped_to_five_times_its_median(tmp_path,
         if n not in decision.clip_layers:
             assert torch.equal(p.grad, others[n]), n
     guard.close()
+
+
+@pytest.mark.parametrize("collapse", ["developed", "nonfinite"])
+def test_a_collapse_that_developed_is_capped_at_its_own_factor(tmp_path, collapse):
+    model, opt = tiny_model()  # LR 3e-3 throughout: every checkpoint's LR
+    config = {"rescue_lr": 0.5, "developed_rescue_lr": 0.25}
+    guard = Guard(model, opt, tmp_path, risk="off", config=config)
+    loop = Loop()
+    for step in range(200):
+        loss = loop.loss(model)
+        if step >= 70:  # developed: a loss that climbs and stays up (the label's rule)
+            loss = loss + 0.05 * (step - 69) if collapse == "developed" else loss * math.nan
+        guard.step(loss)
+        opt.zero_grad()
+        if guard.rescues:
+            break
+    reason = {"developed": "online_collapse", "nonfinite": "nonfinite_loss"}[collapse]
+    assert [e for _, e in guard.events if e.startswith("rescue:")] == [f"rescue:{reason}"]
+    factor = {"developed": 0.25, "nonfinite": 0.5}[collapse]
+    assert guard.lr_ceiling == pytest.approx(factor * 3e-3)
+    guard.close()
