@@ -57,7 +57,7 @@ class GuardPolicy:
     # fault keeps raising the loop's LR after the rollback, and a factor of 1/2 on an LR
     # that jumped 30x (the sampler's sudden recipe: 4-15x the edge) collapses again. The
     # cap rests on evidence: the run was healthy at the checkpoint's LR
-    developed_rescue_lr: float = 0.5  # the cap's factor instead when the rescue is of a
+    developed_rescue_lr: float = 0.25  # the cap's factor instead when the rescue is of a
     # collapse that developed (``online_collapse``: the label's rule, run live, saw the loss
     # rise for 30+ steps at the LRs that led there, so the checkpoint's LR was already on
     # the way); a rescue of a non-finite loss or of outliers after an LR jump keeps
