@@ -65,13 +65,13 @@ arm                   what
                       (``average_span=0``) instead of the mean of its basin
 ``rescue_qk``         ``guarded`` with QK-clip from the first rescue on
                       (``qk_clip="rescue"``) and the weakest LR cap the policy allows
-                      (``rescue_lr=1``: the LR of the checkpoint rolled back to)
-``rescue_both``       QK-clip from the first rescue on and today's cap (0.5x)
-``rescue_quarter``    ``guarded`` with a cap at a quarter of the checkpoint's LR
-                      (``rescue_lr=0.25``), not half
-``rescue_developed``  the quarter only after a collapse that developed
-                      (``developed_rescue_lr=0.25``: an ``online_collapse`` rescue), half
-                      after a non-finite loss or an LR jump
+                      after every rescue (1x: the LR of the checkpoint rolled back to)
+``rescue_both``       QK-clip from the first rescue on and a 0.5x cap after every rescue
+``rescue_quarter``    ``guarded`` with a 0.25x cap after every rescue
+``rescue_developed``  0.25x after a collapse that developed (``developed_rescue_lr``: an
+                      ``online_collapse`` rescue), 0.5x after a non-finite loss or an LR
+                      jump: the default since ``developed_rescue_lr`` is 0.25 (then it is
+                      ``guarded``'s run)
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -132,9 +132,9 @@ GUARD_POLICIES = {
     "guarded_no_qk": {"qk_clip": "off"},
     "guarded_qk_watch": {"qk_clip": "watch"},
     "newest": {"average_span": 0},
-    "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0},
-    "rescue_both": {"qk_clip": "rescue"},
-    "rescue_quarter": {"rescue_lr": 0.25},
+    "rescue_qk": {"qk_clip": "rescue", "rescue_lr": 1.0, "developed_rescue_lr": 1.0},
+    "rescue_both": {"qk_clip": "rescue", "developed_rescue_lr": 0.5},
+    "rescue_quarter": {"rescue_lr": 0.25, "developed_rescue_lr": 0.25},
     "rescue_developed": {"developed_rescue_lr": 0.25},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
