@@ -625,8 +625,14 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     a probe pass (the QK-clip modes plan from the same passes, and nothing else in them
     differs), a first rescue as well (``rescue_*``: no clip before one), a rollback that
     averaged more than one checkpoint (``newest``). A guarded run without that event is
-    the arm's run, bit for bit, and need not be trained again.
+    the arm's run, bit for bit, and need not be trained again; so is every run of an arm
+    whose policy is the guard's defaults.
     """
+    from collapse_guard.guard import GuardPolicy
+
+    defaults, policy = GuardPolicy(), GUARD_POLICIES.get(arm)
+    if policy is not None and all(getattr(defaults, k) == v for k, v in policy.items()):
+        return "the policy's defaults"  # rescue_developed, since developed_rescue_lr is 0.25
     top = guarded.get("logit_max")
     under_tau = (
         f"no head over tau (max logit {top:.1f})" if top is not None and top <= QK_TAU else None

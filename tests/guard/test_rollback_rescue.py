@@ -84,6 +84,7 @@ def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_r
     assert same("guarded_no_qk", quiet) and same("guarded_qk_watch", quiet)
     assert same("rescue_qk", quiet) and same("rescue_both", quiet) and same("newest", quiet)
     assert same("rescue_quarter", quiet) and same("rescue_quarter", loud) is None
+    assert same("rescue_developed", loud) == "the policy's defaults"  # the default cap
     for arm in ("guarded_no_qk", "guarded_qk_watch", "rescue_qk", "rescue_both", "newest"):
         assert same(arm, loud) is None
     # the guarded arm clips from the first step: a run rescued without a head over tau
