@@ -1,5 +1,5 @@
 # OpenMP threads spin-wait on a busy machine unless told otherwise; it must be set before
-# torch, lightgbm or scikit-learn is imported (see ../shared/STACK.md).
+# torch, lightgbm or scikit-learn is imported (docs/stack.md, "OpenMP").
 export OMP_WAIT_POLICY := passive
 export BENTOML_DO_NOT_TRACK := true
 export MLFLOW_ALLOW_FILE_STORE := false

@@ -1,14 +1,14 @@
-"""Attention period against lead time: how early the attention family departs before onset.
+"""Attention period against lead time: how early the attention group departs before onset.
 
 The other half of the attention-period trade-off (the cost half is
 ``benchmarks/probe_overhead.py --attention-every 10,25,50``). Real runs are recorded with
 attention every 10 steps (the probe's default since issue 8); keeping only every P-th
 measurement gives the same runs as if probed every P steps, for P a multiple of 10 (a
 probe every 25 steps cannot be emulated: its steps are mostly not multiples of 10). For
-each P the model-free family lead (``family_leads.family_leads``: the first step in the
+each P the model-free group lead (``group_leads.group_leads``: the first step in the
 200 before onset at which an attention signal leaves the run's own healthy range) is
 computed for every collapse, with the healthy runs as controls. Reported per P: the
-share of collapses whose attention family departed at least 10 steps before onset, their
+share of collapses whose attention group departed at least 10 steps before onset, their
 median lead, and the share of healthy controls that departed (the false-departure rate
 to read it against).
 
@@ -24,17 +24,17 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-from family_leads import HEALTHY_CONTROL, family_leads
+from group_leads import HEALTHY_CONTROL, group_leads
 
-from collapse_guard.datasets.runfile import list_runs
-from collapse_guard.datasets.runs import load_runs
 from collapse_guard.predictor.evaluate.events import MIN_LEAD
+from collapse_guard.runfiles import list_runs
+from collapse_guard.runfiles.records import load_runs
 from collapse_guard.signals import SIGNALS
 
 __all__ = ["main", "subsample_attention"]
 
 RECORDED_EVERY = 10  # the probe's attention period when the runs were recorded
-ATTENTION = tuple(s.name for s in SIGNALS if s.family == "attention")
+ATTENTION = tuple(s.name for s in SIGNALS if s.group == "attention")
 
 
 def subsample_attention(frame: pd.DataFrame, period: int) -> pd.DataFrame:
@@ -46,7 +46,7 @@ def subsample_attention(frame: pd.DataFrame, period: int) -> pd.DataFrame:
 
 
 def _row(period: int, leads: pd.DataFrame) -> dict[str, float]:
-    attention = leads[leads["family"] == "attention"]
+    attention = leads[leads["signal_group"] == "attention"]
     collapses = attention[attention["kind"] != HEALTHY_CONTROL]
     controls = attention[attention["kind"] == HEALTHY_CONTROL]
     early = collapses["lead"] >= MIN_LEAD
@@ -74,7 +74,7 @@ def main() -> None:
     rows = []
     for period in periods:
         probed = [replace(run, frame=subsample_attention(run.frame, period)) for run in runs]
-        rows.append(_row(period, family_leads(probed)))
+        rows.append(_row(period, group_leads(probed)))
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 

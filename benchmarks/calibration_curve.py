@@ -35,11 +35,10 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (docs/stack.md, "OpenMP")
 
 import numpy as np
 
-from collapse_guard.datasets.runs import find_run_files, load_runs
 from collapse_guard.predictor.core.levels import alarm_starts
 from collapse_guard.predictor.core.model_source import load_risk_model
 from collapse_guard.predictor.core.recalibrate import healthy_levels, tail_slope
@@ -52,6 +51,7 @@ from collapse_guard.predictor.evaluate import (
     scored_runs,
 )
 from collapse_guard.predictor.evaluate.baselines import RULE_BASELINES
+from collapse_guard.runfiles.records import find_run_files, load_runs
 
 MIN_LEAD = 10
 

@@ -44,7 +44,7 @@ def probe_run(steps: int, seed: int = 0) -> pd.DataFrame:
     t = np.arange(steps)
     frame = pd.DataFrame({"step": t})
     for s in SIGNALS:
-        if s.period == 0 or s.family == "amp":
+        if s.period == 0 or s.group == "amp":
             frame[s.name] = np.nan  # off by default / no AMP
         else:
             frame[s.name] = np.where(t % s.period == 0, rng.lognormal(0, 0.5, steps), np.nan)

@@ -60,7 +60,7 @@ def main() -> None:
     policy = GuardPolicy(checkpoint_every=args.checkpoint_every)
     folder = tempfile.mkdtemp(prefix="guard-overhead-")
     warnings.simplefilter("ignore")  # preflight: no warmup in a timing loop, on purpose
-    guard = Guard(guard_model, guard_opt, folder, config=policy)
+    guard = Guard(guard_model, guard_opt, folder, policy=policy)
     generator = torch.Generator().manual_seed(1)
     batches = [
         torch.randint(0, 256, (args.batch, args.seq + 1), generator=generator)

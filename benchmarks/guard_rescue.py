@@ -46,21 +46,17 @@ arm                   what
                       ``"always"`` at tau 100 since issue 24), clipping at the config's own
 ``guarded_no_qk``     the same with ``qk_clip="off"`` (the default before issue 24)
 ``guarded_qk_watch``  the same with ``qk_clip="watch"``
-``qk_alone``          QK-clip alone at tau 100, Kimi K2's rule: no forecast, no
-                      reactive path; the probe's attention pass every 10 steps (the
-                      guard's cadence) gives each head's largest logit, the heads over
-                      tau are scaled at once
+``qk_alone``          QK-clip alone at tau 100, Kimi K2's rule
+                      (``reference_rules.KimiClip``): the probe's attention pass every
+                      10 steps (the guard's cadence) gives each head's largest logit,
+                      the heads over tau are scaled at once
 ``safe_lr``           every LR capped at ``SAFE_SHARE`` x the family/optimizer's
                       ``STABLE_EDGE`` (the top of the sampler's ``baseline`` range,
                       healthy in every baseline run): peak LR and re-warm LR capped, LR
                       faults dropped; data and gradient faults kept
-``olmo``              OLMo-core's ``SkipStepOptimizer`` rule (src/olmo_core/optim/
-                      skip_step_optimizer.py): skip the update when |z| of the loss or
-                      of the pre-clip gradient norm against the previous values
-                      (128-step window, judged from 64 values) exceeds 6
-``zclip``             ZClip (bluorion-com/ZClip, zclip/zclip.py, defaults: EMA alpha
-                      0.97, z 2.5, 25 warmup norms, ``zscore`` mode,
-                      ``adaptive_scaling``), the config's own clipping kept
+``olmo``              OLMo-core's skip-step rule alone (``reference_rules.OLMoSkip``)
+``zclip``             ZClip alone (``reference_rules.ZClip``), the config's own
+                      clipping kept
 ``newest``            ``guarded`` rolling back to the newest healthy checkpoint alone
                       (``average_span=0``) instead of the mean of its basin
 ``rescue_qk``         ``guarded`` with QK-clip from the first rescue on
@@ -116,6 +112,8 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from reference_rules import QK_TAU, KimiClip, OLMoSkip, ZClip
+
 __all__ = [
     "bigram_entropy",
     "drawn_adamw_cases",
@@ -145,7 +143,6 @@ HALVES = ("develops", "sudden", "between")
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
 SAFE_SHARE = 0.5  # x STABLE_EDGE: the top of the sampler's healthy baseline range
-QK_TAU = 100.0  # Kimi K2's and Megatron-Core's tau
 FINAL_STEPS = 20
 DRAWN_ADAMW = {"beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1}  # nanoGPT's, Llama's
 NONFINITE_PATIENCE = 10
@@ -190,7 +187,7 @@ def pick_configs(sweep: Path, per_half: int, first: int = FIRST_RUNS) -> list[di
     seed-0 sweep, round-robin over mechanisms (the focused top-ups in the same folder
     have their own ids and are left out: their indices restart at 0)."""
     from collapse_guard.datasets.real.config import RealRunConfig
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles import read_meta
 
     pools: dict[str, dict[str, list]] = {"develops": defaultdict(list), "sudden": defaultdict(list)}
     for path in sorted(sweep.glob("real-s0-[0-9]*.parquet"))[:first]:
@@ -243,7 +240,7 @@ def run_file_cases(folder: Path, optimizer: str | None = None) -> list[dict]:
     """The collapsed runs in ``folder`` (of ``optimizer``, if given), named by the tail of
     their run id (``drawn-00012``), replayed from their stored config."""
     from collapse_guard.datasets.real.config import RealRunConfig
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles import read_meta
 
     paths = sorted(folder.glob("*.parquet"))
     if not paths:
@@ -305,79 +302,6 @@ def bigram_entropy(config) -> float:
 
 
 # ------------------------------------------------------------------ the cheap arms
-
-
-class OLMoSkip:
-    """OLMo-core's skip-step rule (module docstring); ``keep(loss, norm)`` -> apply?"""
-
-    window, sigma = 128, 6.0
-
-    def __init__(self) -> None:
-        self.losses: deque[float] = deque(maxlen=self.window + 1)
-        self.norms: deque[float] = deque(maxlen=self.window + 1)
-
-    @staticmethod
-    def _z(values: deque) -> float:
-        *prev, now = values
-        mean = sum(prev) / len(prev)
-        std = math.sqrt(sum((v - mean) ** 2 for v in prev) / (len(prev) - 1))
-        return abs(now - mean) / std if std > 0 else (0.0 if now == mean else math.inf)
-
-    def keep(self, loss: float, norm: float) -> bool:
-        self.losses.append(loss)
-        self.norms.append(norm)
-        if len(self.losses) < max(20, self.window // 2):
-            return True
-        # NaN compares False: OLMo-core skips a non-finite step
-        return self._z(self.losses) <= self.sigma and self._z(self.norms) <= self.sigma
-
-
-class ZClip:
-    """ZClip's ``zscore`` / ``adaptive_scaling`` clipping (module docstring)."""
-
-    alpha, z_thresh, warmup, eps = 0.97, 2.5, 25, 1e-6
-
-    def __init__(self, max_norm: float | None) -> None:
-        self.max_norm = max_norm
-        self.buffer: list[float] = []
-        self.mean = self.var = None
-        self.spikes = 0
-
-    def bound(self, norm: float) -> float | None:
-        """The clipping bound for this step's norm (None: none), updating the EMA."""
-        if self.mean is None:
-            self.buffer.append(norm)
-            if len(self.buffer) >= self.warmup:
-                self.mean = sum(self.buffer) / len(self.buffer)
-                self.var = sum((x - self.mean) ** 2 for x in self.buffer) / len(self.buffer)
-            return self.max_norm
-        std = self.var**0.5
-        z = (norm - self.mean) / (std + self.eps)
-        clip = self.mean + self.z_thresh * std / (z / self.z_thresh) if z > self.z_thresh else None
-        self.spikes += clip is not None
-        effective = clip if clip is not None else norm
-        if self.max_norm is not None:
-            effective = min(effective, self.max_norm)
-        seen = clip if clip is not None else norm
-        self.mean = self.alpha * self.mean + (1 - self.alpha) * seen
-        self.var = self.alpha * self.var + (1 - self.alpha) * (seen - self.mean) ** 2
-        return effective
-
-
-class KimiClip:
-    """QK-clip alone (the ``qk_alone`` arm): the probe's attention pass gives each head's
-    largest pre-softmax logit; the heads over tau are clipped right after that pass."""
-
-    def __init__(self, net, optimizer, tau: float = QK_TAU) -> None:
-        from collapse_guard.guard.qk_clip import QKClip
-        from collapse_guard.probe import Probe
-
-        self.probe, self.qk, self.clips = Probe(net, optimizer), QKClip(net, tau), 0
-
-    def after_step(self) -> None:
-        self.probe.after_step()
-        if self.probe.last_pass is not None:
-            self.clips += len(self.qk.apply(self.qk.plan(self.probe.last_pass.attention)))
 
 
 def _rule_for(config, rule: str):
@@ -459,7 +383,7 @@ def train_plain(config, rule: str = "none") -> dict:
 def _label(losses: list[float]) -> tuple[int | None, str | None]:
     import pandas as pd
 
-    from collapse_guard.datasets.label import label_run
+    from collapse_guard.runfiles.label import label_run
 
     frame = pd.DataFrame({"step": range(len(losses)), "loss": losses})
     # a NaN loss without this flag would read as "not measured" (label_run)
@@ -495,9 +419,9 @@ def _steps_lost(events: list[tuple[int, str]]) -> int:
 
 
 def _run_guarded(config, policy: dict) -> dict:
-    from collapse_guard.datasets.runfile import read_run
     from collapse_guard.demo import run_scenario
     from collapse_guard.predictor import RiskModel
+    from collapse_guard.runfiles import read_run
 
     with tempfile.TemporaryDirectory(prefix="guard-rescue-") as out:
         run = run_scenario(config, RiskModel.load(), guarded=True, out=Path(out), policy=policy)
@@ -520,7 +444,7 @@ def _run_guarded(config, policy: dict) -> dict:
 
 
 def _from_run_file(path: str) -> dict:
-    from collapse_guard.datasets.runfile import read_run
+    from collapse_guard.runfiles import read_run
 
     frame, _ = read_run(path)
     return {"losses": frame["loss"].tolist(), "norms": frame["grad_norm"].tolist()}

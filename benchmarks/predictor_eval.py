@@ -19,10 +19,10 @@ Printed:
 2. whether the stored levels hold their budgets on each source within a factor of 2;
 3. caught collapses per kind, cause and onset (``sudden`` apart from ``develops``), and
    per model family / optimizer / data where there are several;
-4. the lead per signal family (``family_leads.family_leads``), and a line per kind missed;
-   per optimizer, model family and data, the collapses that develop beside the group's
-   own healthy runs (``family_leads.setup_lead_table``; model-free, over every run given);
-   with ``--separability``, per set-up how well each signal family's best single feature
+4. the lead per signal group (``group_leads.group_leads``), and a line per kind missed;
+   per optimizer, model family and data, the collapses that develop beside the set-up's
+   own healthy runs (``group_leads.setup_lead_table``; model-free, over every run given);
+   with ``--separability``, per set-up how well each signal group's best single feature
    tells pre-collapse rows from healthy ones (``separability``);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
@@ -41,6 +41,20 @@ import math
 import os
 import sys
 from pathlib import Path
+
+__all__ = [
+    "budget_rows",
+    "gain_rows",
+    "group_rows",
+    "holdout_rows",
+    "kind_rows",
+    "main",
+    "markdown_table",
+    "missed_lines",
+    "separability_rows",
+    "setup_group_rows",
+    "target_rows",
+]
 
 # before lightgbm is imported: spinning OpenMP threads make a busy machine crawl
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
@@ -153,22 +167,22 @@ def kind_rows(report, grouping: str = "kind", source: str = "all") -> list[dict]
     ]
 
 
-def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[dict]:
+def group_rows(report, leads, by: str = "kind", source: str = "all") -> list[dict]:
     """One row per kind (healthy control last): n, how many of those have a healthy range
-    (onset late enough), the model's 'recall (lead)', then per signal family 'share warned
-    (median lead)' over the runs where the family has a range ('—': none has); families
+    (onset late enough), the model's 'recall (lead)', then per signal group 'share warned
+    (median lead)' over the runs where the group has a range ('—': none has); groups
     no run measured are left out."""
-    from family_leads import HEALTHY_CONTROL, family_lead_table
+    from group_leads import HEALTHY_CONTROL, group_lead_table
 
     if source != "all":
         leads = leads[leads["source"] == source]
-    table = family_lead_table(leads, by=by)
-    measured = table.groupby("family", sort=False)["n"].sum()
-    families = [f for f, n in measured.items() if n > 0]
+    table = group_lead_table(leads, by=by)
+    measured = table.groupby("signal_group", sort=False)["n"].sum()
+    signal_groups = [f for f, n in measured.items() if n > 0]
     model = report.group_table(by, source=source) if "model" in report.scorers else None
     rows = []
     for kind, group in table.groupby(by, sort=False):
-        group = group.set_index("family")
+        group = group.set_index("signal_group")
         of_kind = leads[leads[by] == kind]
         row = {
             by: kind,
@@ -183,17 +197,17 @@ def family_rows(report, leads, by: str = "kind", source: str = "all") -> list[di
                 if in_model
                 else "—"
             )
-        for family in families:
-            row[family] = _pair(group.loc[family, "share"], group.loc[family, "median_lead"])
+        for name in signal_groups:
+            row[name] = _pair(group.loc[name, "share"], group.loc[name, "median_lead"])
         rows.append(row)
     return rows
 
 
-def setup_family_rows(leads, by: str) -> list[dict]:
+def setup_group_rows(leads, by: str) -> list[dict]:
     """Per set-up group (``by``: optimizer, model_family, data), its collapses that develop
-    beside its own healthy runs: runs, then per signal family the share that departed in
-    time (``family_leads.setup_lead_table``); families no run measured are left out."""
-    from family_leads import setup_lead_table
+    beside its own healthy runs: runs, then per signal group the share that departed in
+    time (``group_leads.setup_lead_table``); signal groups no run measured are left out."""
+    from group_leads import setup_lead_table
 
     table = setup_lead_table(leads, by=by).dropna(axis=1, how="all")
     return [
@@ -208,13 +222,13 @@ def setup_family_rows(leads, by: str) -> list[dict]:
 
 
 def separability_rows(table, by: str) -> list[dict]:
-    """One row per signal family, one column per group of ``by``: the direction-free
-    ROC-AUC of the family's best single feature there (``separability``),
+    """One row per signal group, one column per set-up group of ``by``: the direction-free
+    ROC-AUC of the signal group's best single feature there (``separability``),
     then a row of each group's rows (positives)."""
-    wide = table.pivot(index="family", columns="group", values="auc")
+    wide = table.pivot(index="signal_group", columns="group", values="auc")
     rows = [
-        {"signals": family, **{g: _pair(row[g], None) for g in wide.columns}}
-        for family, row in wide.iterrows()
+        {"signals": name, **{g: _pair(row[g], None) for g in wide.columns}}
+        for name, row in wide.iterrows()
     ]
     sizes = table.groupby("group")[["rows", "positives"]].first()
     rows.append(
@@ -228,27 +242,27 @@ def separability_rows(table, by: str) -> list[dict]:
 
 def missed_lines(report, leads, by: str = "kind", target: float = TARGET_RECALL) -> list[str]:
     """One sentence per kind the model catches less than ``target`` of: which signal
-    families departed in time on it, and how often they do on healthy runs."""
-    from family_leads import HEALTHY_CONTROL, family_lead_table
+    groups departed in time on it, and how often they do on healthy runs."""
+    from group_leads import HEALTHY_CONTROL, group_lead_table
 
-    table = family_lead_table(leads, by=by)
-    control = table[table[by] == HEALTHY_CONTROL].set_index("family")["share"]
+    table = group_lead_table(leads, by=by)
+    control = table[table[by] == HEALTHY_CONTROL].set_index("signal_group")["share"]
     wide = report.group_table(by)
     lines = []
     for kind, row in wide.iterrows():
         if not row["model recall"] < target:
             continue
-        fam = table[(table[by] == kind) & (table["n"] > 0)].sort_values("share", ascending=False)
+        of_kind = table[(table[by] == kind) & (table["n"] > 0)]
         parts = [
-            f"{r.family} {r.share:.0%}"
+            f"{r.signal_group} {r.share:.0%}"
             + (f" ({r.median_lead:.0f} steps, {r.top_signal})" if r.warned else "")
-            + (f" vs {control[r.family]:.0%} healthy" if r.family in control else "")
-            for r in fam.itertuples()
+            + (f" vs {control[r.signal_group]:.0%} healthy" if r.signal_group in control else "")
+            for r in of_kind.sort_values("share", ascending=False).itertuples()
             if r.share > 0
         ]
         caught = f"{row['model recall']:.0%} of {int(row['n'])}"
         lines.append(
-            f"{by} {kind}: model catches {caught}; families departing >= 10 steps ahead: "
+            f"{by} {kind}: model catches {caught}; signal groups departing >= 10 steps ahead: "
             + (", ".join(parts) if parts else "none")
         )
     return lines
@@ -316,19 +330,19 @@ def _print_table(console, title: str, rows: list[dict], markdown: list[str]) -> 
 
 
 def _leads_per_source(runs, horizon: int) -> dict:
-    """Source -> ``family_leads.family_leads`` of its runs: each source calibrated on its
+    """Source -> ``group_leads.group_leads`` of its runs: each source calibrated on its
     own healthy runs (real and synthetic drift differently)."""
-    from family_leads import family_leads
+    from group_leads import group_leads
 
     sources = sorted({r.meta.source for r in runs})
     return {
-        s: family_leads([r for r in runs if r.meta.source == s], horizon=horizon) for s in sources
+        s: group_leads([r for r in runs if r.meta.source == s], horizon=horizon) for s in sources
     }
 
 
 def _print_separability(console, records, model, md: list[str]) -> None:
     """Per optimizer, model family and data (where several), how well each signal
-    family's best single feature tells pre-collapse rows from healthy ones."""
+    group's best single feature tells pre-collapse rows from healthy ones."""
     from separability import separability
 
     from collapse_guard.features import FeatureExtractor
@@ -345,7 +359,7 @@ def _print_separability(console, records, model, md: list[str]) -> None:
         _print_table(
             console,
             f"separability per {by}, all {len(records)} runs given (model-free): ROC-AUC of "
-            "each signal family's best single feature, pre-collapse rows against healthy "
+            "each signal group's best single feature, pre-collapse rows against healthy "
             "ones (0.5: no information)",
             separability_rows(separability(data.X, data.y, group), by),
             md,
@@ -360,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--separability",
         action="store_true",
-        help="per set-up, how well each signal family alone separates (every run given)",
+        help="per set-up, how well each signal group alone separates (every run given)",
     )
     parser.add_argument(
         "--budget",
@@ -389,15 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     import pandas as pd
-    from family_leads import CONTROL_RATE, DEPARTURE_STD, REFERENCE_STEPS
+    from group_leads import CONTROL_RATE, DEPARTURE_STD, REFERENCE_STEPS
     from rich.console import Console
 
-    from collapse_guard.datasets.runs import find_run_files, load_runs
     from collapse_guard.predictor.core.risk import RiskModel
     from collapse_guard.predictor.core.seen_runs import SeenRuns
     from collapse_guard.predictor.evaluate import COLLAPSE_GROUPINGS, SETUP_GROUPINGS, evaluate_runs
     from collapse_guard.predictor.evaluate.baselines import default_baselines
     from collapse_guard.predictor.training.holdout import leave_one_group_out
+    from collapse_guard.runfiles.records import find_run_files, load_runs
 
     console = Console(width=160)
     md: list[str] = []  # the same tables, in Markdown, printed last with --markdown
@@ -455,9 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         for by in ("kind", "cause"):
             _print_table(
                 console,
-                f"lead per signal family ({source}), by {by}: share of collapses warned >= "
+                f"lead per signal group ({source}), by {by}: share of collapses warned >= "
                 f"{report.min_lead} steps ahead (median lead)",
-                family_rows(report, leads, by, source),
+                group_rows(report, leads, by, source),
                 md,
             )
     # model-free, so every run given counts, those the model trained on included
@@ -470,10 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         if every[by].nunique() > 1:
             _print_table(
                 console,
-                f"lead per signal family per {by}, all {len(records)} runs given: share of "
+                f"lead per signal group per {by}, all {len(records)} runs given: share of "
                 f"collapses that develop, and of the {by}'s healthy runs, departing >= "
                 f"{report.min_lead} steps ahead",
-                setup_family_rows(every, by),
+                setup_group_rows(every, by),
                 md,
             )
     if args.separability:

@@ -36,11 +36,11 @@ import warnings
 import torch
 
 from collapse_guard.datasets.real.model import GPT, GPTConfig
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
 from collapse_guard.guard.qk_clip import QKClip
 from collapse_guard.probe import ProbeConfig
 from collapse_guard.probe.capture import capture_attention, isolated
+from collapse_guard.runfiles import read_run
 
 __all__ = ["main"]
 
@@ -126,7 +126,7 @@ def _run(args: argparse.Namespace, seed: int, mode: str) -> dict[str, float]:
     losses = []
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        guard = Guard(model, optimizer, folder, risk="off", config=policy, preflight=False)
+        guard = Guard(model, optimizer, folder, risk="off", policy=policy, preflight=False)
         for step in range(args.steps):
             for group in optimizer.param_groups:  # linear warmup over the first 10%
                 group["lr"] = args.lr * min(1.0, (step + 1) / (0.1 * args.steps))

@@ -80,7 +80,7 @@ def main() -> None:
 
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch is imported anywhere
     from collapse_guard.datasets.real import RealRunConfig, generate_real_runs, run_id_for
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles import read_meta
 
     if args.report_only:
         paths = sorted(args.out.glob("real-s*.parquet"))

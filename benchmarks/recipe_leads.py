@@ -4,16 +4,16 @@
         --runs sampler=/root/cg-data/issue20/sampler-adamw \\
         --runs nanogpt=/root/cg-data/issue20/nanogpt [--model SOURCE] [--markdown]
 
-Each set is read against its own healthy runs (``family_leads.family_leads``: a signal's
+Each set is read against its own healthy runs (``group_leads.group_leads``: a signal's
 multiple of std is raised until at most 5 % of that set's healthy runs depart in their
-last H steps), so a signal family that departs early on one set and not on the other
+last H steps), so a signal group that departs early on one set and not on the other
 says the runs collapse differently, not that one set was calibrated better. Only
 finished run files are read: safe beside a sweep that is still writing.
 
 Printed per set: outcomes (healthy; develops 50+ steps after its trigger; 10-49;
 sudden), when the collapses begin (onset step, its share of the run, steps after the
 latest trigger, the LR at onset over the highest LR before it), their causes and label
-kinds; then per signal family, over the collapses that develop (10+ steps after their
+kinds; then per signal group, over the collapses that develop (10+ steps after their
 trigger), the share that departed at least MIN_LEAD steps ahead (median lead) and the
 signal that departed first most often, beside the share of the set's healthy runs that
 departed in their last H steps. With ``--model`` (``bundled``: the shipped model), the
@@ -83,25 +83,26 @@ def timing_rows(sets: dict[str, list]) -> list[dict]:
 
 
 def lead_rows(sets: dict[str, list]) -> list[dict]:
-    """One row per signal family: per set, 'share (median lead) top signal' over its
+    """One row per signal group: per set, 'share (median lead) top signal' over its
     collapses that develop, and the share of its healthy runs that departed."""
-    from family_leads import HEALTHY_CONTROL, family_lead_table, family_leads
+    from group_leads import HEALTHY_CONTROL, group_lead_table, group_leads
 
     tables = {}
     for label, records in sets.items():
-        leads = family_leads(records)
+        leads = group_leads(records)
         keep = leads["control"] | (leads["onset"] == "develops")
         leads = leads[keep].assign(
             group=lambda f: f["control"].map({True: HEALTHY_CONTROL, False: "develops"})
         )
-        tables[label] = family_lead_table(leads, by="group").set_index(["group", "family"])
-    families = list(dict.fromkeys(f for t in tables.values() for _, f in t.index))
+        by = ["group", "signal_group"]
+        tables[label] = group_lead_table(leads, by="group").set_index(by)
+    signal_groups = list(dict.fromkeys(f for t in tables.values() for _, f in t.index))
     rows = []
-    for family in families:
-        row = {"signals": family}
+    for signal_group in signal_groups:
+        row = {"signals": signal_group}
         for label, table in tables.items():
-            row[f"{label} develops"] = _cell(table, "develops", family, top=True)
-            row[f"{label} healthy"] = _cell(table, HEALTHY_CONTROL, family, top=False)
+            row[f"{label} develops"] = _cell(table, "develops", signal_group, top=True)
+            row[f"{label} healthy"] = _cell(table, HEALTHY_CONTROL, signal_group, top=False)
         rows.append(row)
     counts = {"signals": "runs (with a range)"}
     for label, table in tables.items():
@@ -150,10 +151,10 @@ def _first_lead(onset: int, risk, level: float) -> float:
     return float(onset - above[0]) if len(above) else 0.0
 
 
-def _cell(table, group: str, family: str, *, top: bool) -> str:
-    if (group, family) not in table.index or not table.loc[(group, family), "n"]:
+def _cell(table, group: str, signal_group: str, *, top: bool) -> str:
+    if (group, signal_group) not in table.index or not table.loc[(group, signal_group), "n"]:
         return "—"
-    row = table.loc[(group, family)]
+    row = table.loc[(group, signal_group)]
     text = f"{row['share']:.2f}"
     if top and row["warned"]:
         text += f" ({row['median_lead']:.0f}) {row['top_signal']}"
@@ -176,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="also print Markdown tables")
     args = parser.parse_args(argv)
 
-    from collapse_guard.datasets.runs import find_run_files, load_runs
     from collapse_guard.predictor.evaluate import MIN_LEAD
+    from collapse_guard.runfiles.records import find_run_files, load_runs
 
     sets = {label: load_runs(find_run_files([folder])) for label, folder in args.runs}
     md: list[str] = []
     _print("when and how the runs collapse (quartiles: 25 / 50 / 75 %)", timing_rows(sets), md)
     _print(
-        f"per signal family, collapses that develop: share departed >= {MIN_LEAD} steps "
+        f"per signal group, collapses that develop: share departed >= {MIN_LEAD} steps "
         "ahead (median lead) first signal; healthy: share departed in the last H steps",
         lead_rows(sets),
         md,

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from collapse_guard.datasets.runfile import list_runs, read_meta
 from collapse_guard.datasets.synthetic import SamplerConfig, generate_synthetic_runs
+from collapse_guard.runfiles import list_runs, read_meta
 
 __all__ = ["deal", "main"]
 
@@ -86,8 +86,8 @@ def _score(version: str, name: str, runs) -> dict[str, float]:
 
 
 def run_group(group: str, members: list[Path], others: list[Path], args, work: Path) -> dict:
-    from collapse_guard.datasets.runs import load_runs
     from collapse_guard.predictor.lifecycle.retrain import retrain
+    from collapse_guard.runfiles.records import load_runs
 
     t0 = time.perf_counter()
     added, held = deal(members, ADDED_SHARE, args.seed)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.runfile import RunMeta, RunWriter, write_run
+from collapse_guard.runfiles import RunMeta, RunWriter, write_run
 from collapse_guard.signals import SIGNAL_NAMES
 
 

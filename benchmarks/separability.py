@@ -1,4 +1,4 @@
-"""How well each signal family's features, one at a time, tell the rows before a collapse
+"""How well each signal group's features, one at a time, tell the rows before a collapse
 from healthy rows, per set-up: a model-free account of "why" per signal.
 
 The rows are the training rows (``training.data.build_training_data``): a window's
@@ -6,12 +6,12 @@ features every ``stride`` steps, target 1 within the horizon before onset (a sud
 collapse's last rows are not among them), 0 before that and on healthy runs. For each
 set-up group (e.g. each optimizer) and each feature, the ROC-AUC of the feature alone
 over that group's rows, read in whichever direction separates (``max(auc, 1 - auc)``:
-0.5 is no information, 1 a perfect single threshold); then, per signal family, its best
-feature. Where a family's best is near 0.5 under one optimizer and well above under
-another, that optimizer's collapses give that family nothing to forecast from.
+0.5 is no information, 1 a perfect single threshold); then, per signal group, its best
+feature. Where a group's best is near 0.5 under one optimizer and well above under
+another, that optimizer's collapses give that group nothing to forecast from.
 
-"Family" is a family of signals (:func:`family_leads.signal_families`), with the run
-context (``ctx__*``) and the DSI count (``dsi__*``) as families of their own.
+The signal groups are :func:`group_leads.signal_groups`, with the run context
+(``ctx__*``) and the DSI count (``dsi__*``) as groups of their own.
 """
 
 from __future__ import annotations
@@ -20,42 +20,43 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from family_leads import signal_families
+from group_leads import signal_groups
 from sklearn.metrics import roc_auc_score
 
-__all__ = ["MIN_ROWS", "feature_family", "separability"]
+__all__ = ["MIN_ROWS", "feature_group", "separability"]
 
 MIN_ROWS = 100  # finite rows a feature needs in a group (both targets present) to be scored
 
 
-def feature_family(name: str, families: Mapping[str, str] | None = None) -> str:
-    """The signal family a feature reads: its signal's, ``context`` or ``dsi``."""
+def feature_group(name: str, group_of: Mapping[str, str] | None = None) -> str:
+    """The signal group a feature reads: its signal's, ``context`` or ``dsi``."""
     prefix = name.split("__", 1)[0]
     if prefix == "ctx":
         return "context"
     if prefix == "dsi":
         return "dsi"
-    return (families or signal_families()).get(prefix, prefix)
+    return (group_of or signal_groups()).get(prefix, prefix)
 
 
 def separability(
     X: pd.DataFrame, y: np.ndarray, group: np.ndarray, *, min_rows: int = MIN_ROWS
 ) -> pd.DataFrame:
-    """Per group and signal family, the best single feature's direction-free ROC-AUC.
+    """Per group and signal group, the best single feature's direction-free ROC-AUC.
 
     ``X``: feature rows, ``y``: their 0/1 targets, ``group``: each row's set-up group
     (e.g. its run's optimizer). A feature counts in a group where it has at least
     ``min_rows`` finite rows holding both targets.
 
-    Returns one row per (group, family), sorted: ``group``, ``family``, ``auc`` (of
-    the best feature), ``feature`` (which), ``rows`` and ``positives`` (the group's).
+    Returns one row per (group, signal group), sorted: ``group``, ``family`` (the signal
+    group; the column keeps its old name for one release), ``auc`` (of the best
+    feature), ``feature`` (which), ``rows`` and ``positives`` (the group's).
     """
     y, group = np.asarray(y), np.asarray(group)
     if not (len(X) == len(y) == len(group)):
         raise ValueError(
             f"X, y and group must have one entry per row; got {len(X)}, {len(y)} and {len(group)}"
         )
-    families, every = signal_families(), X.to_numpy(dtype=np.float64)
+    group_of, every = signal_groups(), X.to_numpy(dtype=np.float64)
     rows = []
     for g in sorted(set(group.tolist())):
         member = group == g
@@ -67,10 +68,12 @@ def separability(
                 continue
             auc = roc_auc_score(target[finite], values[finite, j])
             auc = max(auc, 1.0 - auc)
-            family = feature_family(name, families)
-            if auc > best.get(family, (-1.0, ""))[0]:
-                best[family] = (auc, name)
-        for family, (auc, name) in best.items():
-            rows.append((g, family, auc, name, int(member.sum()), int(target.sum())))
-    columns = ["group", "family", "auc", "feature", "rows", "positives"]
-    return pd.DataFrame(rows, columns=columns).sort_values(["group", "family"], ignore_index=True)
+            signal_group = feature_group(name, group_of)
+            if auc > best.get(signal_group, (-1.0, ""))[0]:
+                best[signal_group] = (auc, name)
+        for signal_group, (auc, name) in best.items():
+            rows.append((g, signal_group, auc, name, int(member.sum()), int(target.sum())))
+    columns = ["group", "signal_group", "auc", "feature", "rows", "positives"]
+    return pd.DataFrame(rows, columns=columns).sort_values(
+        ["group", "signal_group"], ignore_index=True
+    )

@@ -55,9 +55,9 @@ import psutil
 
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.service import RiskClient
-from collapse_guard.service.arrow_codec import ARROW_TYPE, encode_runs
 from collapse_guard.service.client import as_raw_run, encode_json
-from collapse_guard.service.transport import KeepAliveTransport
+from collapse_guard.service.client.arrow_writer import ARROW_TYPE, encode_runs
+from collapse_guard.service.client.transport import KeepAliveTransport
 from collapse_guard.signals import signal as signal_spec
 
 __all__ = ["frames_for"]
@@ -243,7 +243,7 @@ def in_process_cpu(
     saved = os.environ.get("COLLAPSE_GUARD_RELOAD_FILE")
     os.environ["COLLAPSE_GUARD_RELOAD_FILE"] = str(Path(tempfile.mkdtemp()) / "reload.json")
     try:
-        from collapse_guard.service.service import RiskService
+        from collapse_guard.service.server.risk_service import RiskService
 
         return asyncio.run(_cpu_rounds(RiskService.to_asgi(), cases, rounds))
     finally:

@@ -97,7 +97,7 @@ def profile(name: str, steps: int, block: int) -> None:
     guard_model, guard_opt = _arm(config)
     folder = tempfile.mkdtemp(prefix=f"step-profile-{name}-")
     guard = Guard(
-        guard_model, guard_opt, folder, config=GuardPolicy(checkpoint_every=100), preflight=False
+        guard_model, guard_opt, folder, policy=GuardPolicy(checkpoint_every=100), preflight=False
     )
     timers = Timers()
     _instrument(guard, guard_opt, timers)

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from collapse_guard.datasets.runfile import read_meta
 from collapse_guard.datasets.synthetic import generate_synthetic_runs, label_agreement
 from collapse_guard.datasets.synthetic.realism import compare_to_reference
+from collapse_guard.runfiles import read_meta
 
 
 def main() -> None:

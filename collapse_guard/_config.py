@@ -1,7 +1,7 @@
 """One check shared by every config that is built from a mapping: an unknown key is an error.
 
 Kept at the top level, with nothing but the standard library, so that ``probe`` and
-``datasets`` can both use it without importing each other (DESIGN.md: dependencies).
+``datasets`` can both use it without importing each other (docs/design.md, "Layout").
 """
 
 from __future__ import annotations

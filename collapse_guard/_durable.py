@@ -1,7 +1,7 @@
 """Durable renames, shared by the run-file writer and the guard's checkpoints.
 
 Kept at the top level, with nothing but the standard library, so that ``datasets`` and
-``guard`` both use it without importing each other (DESIGN.md: dependencies).
+``guard`` both use it without importing each other (docs/design.md, "Layout").
 """
 
 from __future__ import annotations

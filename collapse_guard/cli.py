@@ -32,7 +32,7 @@ from collapse_guard.errors import is_user_error, print_error
 from collapse_guard.predictor.cli.calibrate import calibrate_command
 from collapse_guard.predictor.cli.commands import evaluate_command, predict_command, train_command
 from collapse_guard.predictor.cli.retrain import retrain as retrain_command
-from collapse_guard.service.cli import serve_command
+from collapse_guard.service.server.serve_command import serve_command
 
 __all__ = [
     "PIPE_COLUMNS",

@@ -63,12 +63,14 @@ DEFAULT = {
     "seed": 0,
 }
 RISK_EVERY = 10  # steps between risk readings of the unguarded run: the guard's default
-# The figures depend on the CPU's vector kernels (Lion's sign updates amplify a rounding):
-# measured on an AVX2 machine, torch's default kernels (ATEN_CPU_CAPABILITY=default) moved
-# the unguarded collapse from step 301 to 303 and its final loss from 24.9 to 19.6, MKL's
-# COMPATIBLE path (MKL_CBWR) its first warning from 249 to 259. Pinned to AVX2 on x86-64,
-# so that machines with AVX-512 print the README's figures too; a user's own setting wins.
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+# The figures depend on the CPU's kernels (Lion's sign updates amplify a rounding): on one
+# AMD EPYC, torch's AVX2 kernels instead of its portable ones moved the unguarded final loss
+# from 26.7 to 20.7 and the first warning from 249 to 259. MKL_CBWR=AVX2 is no pin on a
+# non-Intel CPU (MKL falls back to its AUTO branch there, not promised to repeat on another
+# CPU model: two EPYCs printed collapse 301 and 296); COMPATIBLE is the one MKL branch that is
+# the same on every x86-64 CPU, and torch's "default" kernels are the same compiled code on
+# every one. So the demo runs both on x86-64; a user's own setting wins.
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 FINAL_STEPS = 20  # the final loss is the mean of the last 20 steps' losses
 
 
@@ -124,14 +126,15 @@ def run_scenario(
     ``policy``: ``GuardPolicy`` fields over the demo's own (benchmarks/guard_rescue.py)."""
     import torch
 
-    from collapse_guard.datasets.label import label_run
     from collapse_guard.datasets.real.data import BatchSource
     from collapse_guard.datasets.real.faults import FaultInjector
     from collapse_guard.datasets.real.runner import build
     from collapse_guard.features import RunContext
     from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy
     from collapse_guard.predictor.core.hold import hold_risk
+    from collapse_guard.predictor.core.levels import WARN
     from collapse_guard.probe import Probe
+    from collapse_guard.runfiles.label import label_run
 
     run = DemoRun("guarded" if guarded else "unguarded")
     net, optimizer = build(config)
@@ -140,7 +143,7 @@ def run_scenario(
     began = time.perf_counter()
     if guarded:
         settings = GuardPolicy(clip=config.grad_clip, risk_every=RISK_EVERY, **(policy or {}))
-        guard = Guard(net, optimizer, out, risk=model, config=settings, preflight=False)
+        guard = Guard(net, optimizer, out, risk=model, policy=settings, preflight=False)
     else:
         probe = Probe(net, optimizer)
         context, rows = RunContext.from_schema(model.schema), []
@@ -184,7 +187,7 @@ def run_scenario(
         steps = sorted(run.risk)
         held = hold_risk(steps, [run.risk[s] for s in steps], model.hold_steps)
         run.risk = dict(zip(steps, held.tolist(), strict=True))  # as the guard holds it
-        warn = model.thresholds["warn"]
+        warn = model.thresholds[WARN]
         run.first_warning = next((s for s, p in run.risk.items() if p >= warn), None)
     run.seconds = time.perf_counter() - began
     label = label_run(_frame([{"loss": x} for x in run.losses], 0))
@@ -231,7 +234,7 @@ def plot(runs: list[DemoRun], thresholds: dict[str, float], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from collapse_guard.datasets.label import HORIZON
+    from collapse_guard.runfiles.label import HORIZON
 
     fig, (top, mid, low) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     colors = {"unguarded": "tab:red", "guarded": "tab:blue"}

@@ -4,7 +4,7 @@ The ``collapse-guard`` command prints a :class:`UserInputError` as one line
 (:func:`print_error`) and exits with code 2 (``collapse_guard.cli``); any other exception
 is a bug and keeps its traceback. A
 library error raised for bad input either subclasses :class:`UserInputError` (the run-file
-reader's :class:`~collapse_guard.datasets.runfile.RunFileError`) or is listed in
+reader's :class:`~collapse_guard.runfiles.RunFileError`) or is listed in
 ``_MAPPED`` below, for classes defined where this module does not reach.
 
 Imports nothing heavy: the command line imports this at start-up.
@@ -32,7 +32,10 @@ class UserInputError(ValueError):
 # bentoml (an error of a class whose module was never imported cannot have been raised).
 _MAPPED = (
     ("collapse_guard.predictor.core.risk", "ModelFormatError"),  # a model folder it cannot use
-    ("collapse_guard.service.model_state", "ModelLoadError"),  # a model the service can't serve
+    (
+        "collapse_guard.service.server.model_state",
+        "ModelLoadError",
+    ),  # a model the service can't serve
 )
 
 

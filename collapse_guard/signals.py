@@ -1,4 +1,4 @@
-"""The signal contract: canonical names, families, seed thresholds and default periods.
+"""The signal contract: canonical names, signal groups, seed thresholds and default periods.
 
 Every part agrees on this table: the probe emits these names, run files store one
 column each, features read them, the service accepts them. It imports nothing heavy
@@ -9,7 +9,7 @@ infinite gradient norm) is data; its companion flag (``loss_nonfinite``) says it
 measured.
 
 ========================  ==========  =============================================
-name                      family      what
+name                      group       what
 ========================  ==========  =============================================
 loss                      output      training loss of the step
 loss_nonfinite            output      1 when the measured loss was NaN/inf, else 0
@@ -64,7 +64,7 @@ class Signal:
     """
 
     name: str
-    family: str
+    group: str  # the signal group (what the probe measures it with); "family" is a model's
     period: int = 1
     low: float | None = None
     high: float | None = None
@@ -78,32 +78,45 @@ class Signal:
         )
 
     @property
+    def family(self) -> str:
+        """The old name of :attr:`group`, kept for one release."""
+        import warnings
+
+        warnings.warn(
+            "Signal.family is now Signal.group (signal groups; 'family' names a model "
+            "family); the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.group
+
+    @property
     def has_threshold(self) -> bool:
         return self.low is not None or self.high is not None
 
 
 SIGNALS: tuple[Signal, ...] = (
-    # output family: what the loop hands the probe
+    # output group: what the loop hands the probe
     Signal("loss", "output", high=10.0),  # seed: 2.3-2.8 normal, >10 at collapse (large models)
     Signal("loss_nonfinite", "output"),
     Signal("lr", "output"),
-    # gradient family: one pass over gradients, before clipping
+    # gradient group: one pass over gradients, before clipping
     Signal("grad_norm", "gradient"),
     Signal("grad_cv", "gradient", high=0.45),  # DSI gradient health
     Signal("bottom_grad_norm", "gradient", low=1e-6),  # vanishing gradient precursor
     Signal("grad_nonfinite", "gradient"),
-    # update family: from a fixed random sketch of each parameter tensor
+    # update group: from a fixed random sketch of each parameter tensor
     Signal("update_cos", "update", low=0.1, high=0.9),  # DSI update consistency
     Signal("update_flips", "update", high=4.5),  # seed: >= 5 reversals in 10 steps
     Signal("update_ratio", "update"),
     Signal("param_norm", "update"),
-    # attention family: a fixed probe batch every `period` steps
+    # attention group: a fixed probe batch every `period` steps
     Signal("attn_kl", "attention", period=10, low=0.2, high=1.5),  # DSI activation entropy change
     Signal("attn_saturation", "attention", period=10, high=0.40),
     Signal("attn_entropy_min", "attention", period=10),
     Signal("attn_entropy_mean", "attention", period=10),
     Signal("attn_logit_max", "attention", period=10),
-    # output family, measured on the loss's logits or the probe batch
+    # output group, measured on the loss's logits or the probe batch
     Signal("output_logit_max", "output"),
     Signal("output_entropy", "output", period=10),
     Signal("output_repetition", "output", period=10),

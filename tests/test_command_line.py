@@ -20,7 +20,7 @@ from collapse_guard.cli import ErrorHandlingGroup, app
 from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig
 
-# Heavy dependencies that only a command's own run may import (DESIGN.md: extras).
+# Heavy dependencies that only a command's own run may import (docs/design.md, "Layout").
 _HEAVY = ("torch", "mlflow", "lightgbm", "bentoml")
 
 
@@ -65,18 +65,6 @@ def test_demo_trains_both_runs_prints_the_table_and_writes_the_plot(tmp_path):
     assert "checkpoint" in rows["guarded"][4]  # its first healthy step wrote one
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert len(list((tmp_path / "guarded").glob("run-*.parquet"))) == 1
-
-
-@pytest.mark.slow
-def test_the_bundled_model_warns_of_the_demos_collapse_50_steps_ahead():
-    from collapse_guard.demo import DEFAULT, run_scenario, scenario
-    from collapse_guard.predictor import RiskModel
-
-    config = scenario(**DEFAULT)
-    run = run_scenario(config, RiskModel.load(), guarded=False)
-    # issue 8: a collapse that develops, and `warn` at least 50 steps before its onset
-    assert run.kind == "loss_rise" and run.onset > DEFAULT["rewarm_at"] + 50
-    assert run.first_warning is not None and run.onset - run.first_warning >= 50
 
 
 # ---------------------------------------------------------------- bad input: one line
@@ -308,7 +296,7 @@ def test_train_on_too_few_runs_is_one_line(runs_dir, store_env):
 
 
 def test_predict_on_an_unlabelled_run_says_so(runs_dir, tmp_path):
-    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
+    from collapse_guard.runfiles import RunMeta, read_run, write_run
 
     frame, meta = read_run(next(runs_dir.glob("*.parquet")))
     path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))
@@ -368,7 +356,7 @@ def test_commands_run_wide_off_a_terminal_without_mlflow_bars_and_restore_the_en
     assert seen["COLUMNS"] == "100"
     # a real command: predict's summary of an unlabelled run (~120 characters) is one
     # line, not wrapped
-    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
+    from collapse_guard.runfiles import RunMeta, read_run, write_run
 
     frame, _ = read_run(next(runs_dir.glob("*.parquet")))
     path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))

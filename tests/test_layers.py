@@ -1,12 +1,18 @@
 """The package's imports point one way: every module's AST walked, lazy imports included.
 
-Between top-level parts (DESIGN.md "Layout"): each part imports only the parts listed in
-``ALLOWED``; guard/ and service/ reach the predictor only through ``predictor.core``;
-features/, predictor/ and service/ never import torch. Inside predictor/ the layers are
-ordered ``core <- evaluate <- training <- lifecycle <- cli``: a module imports its own
-layer or one below. No import circle anywhere, counting imports inside functions (the
-kind ``import x`` in a fresh interpreter cannot see); only ``if TYPE_CHECKING:`` imports
-are left out of the circle check, since they never run.
+Between top-level parts (docs/design.md, "Layout"): each part imports only the parts listed in
+``ALLOWED``, and no two parts may import each other: the parts stand on floors, run files
+(``runfiles``) and features on the ground floor, the probe above them, the generators
+(``datasets``) above the probe; guard/ and service/ reach the predictor only through
+``predictor.core``; features/, runfiles/, predictor/ and service/ never import torch.
+Inside predictor/ the layers are ordered ``core <- evaluate <- training <- lifecycle <-
+cli``: a module imports its own layer or one below. Inside service/ the sides are ordered
+``client <- middleware <- server`` the same way: what a training loop imports (the client
+and the wire format) knows nothing of the server; the guard may import the client side only,
+the command line the server side only. No import circle anywhere, counting
+imports inside functions (the kind ``import x`` in a fresh interpreter cannot see) and
+``if TYPE_CHECKING:`` imports (they never run, but a circle of names is a circle of
+design all the same). An old path of a module moved to runfiles/ counts as its new home (``MOVED``).
 """
 
 from __future__ import annotations
@@ -20,20 +26,48 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "collapse_guard"
 LAYERS = ("core", "evaluate", "training", "lifecycle", "cli")  # each imports only those before
+SIDES = ("client", "middleware", "server")  # service/'s, each imports only those before
 # part -> the parts it may import; shared leaves (errors, signals, _config, ...) are open to all
 LEAVES = {"errors", "signals", "_config", "_durable", "_scheduler"}
 ALLOWED: Mapping[str, set[str]] = {
-    "probe": {"datasets"},  # the run recorder writes run files
+    "runfiles": set(),
     "features": set(),
-    "datasets": {"probe", "features"},
-    "predictor": {"features", "datasets"},
+    "probe": {"runfiles"},  # the run recorder writes run files
+    "datasets": {"runfiles", "probe", "features"},
+    # datasets: the bundled model's synthetic runs, the training's progress bar
+    "predictor": {"features", "runfiles", "datasets"},
     "service": {"features", "predictor.core"},
-    "guard": {"probe", "features", "datasets", "predictor.core", "service"},
+    "guard": {"probe", "features", "runfiles", "predictor.core", "service.client"},
     "integrations": {"guard"},
-    "cli": {"datasets", "demo", "predictor", "service"},
-    "demo": {"probe", "features", "datasets", "predictor", "guard"},
+    "cli": {"datasets", "demo", "predictor", "service.server"},
+    "demo": {"probe", "features", "runfiles", "datasets", "predictor", "guard"},
 }
-NO_TORCH = ("features", "predictor", "service")
+# The floors ALLOWED makes, lowest first: each part imports only parts on floors below it.
+FLOORS = [
+    {"features", "runfiles"},
+    {"probe"},
+    {"datasets"},
+    {"predictor"},
+    {"service"},
+    {"guard"},
+    {"demo", "integrations"},
+    {"cli"},
+]
+NO_TORCH = ("features", "runfiles", "predictor", "service")
+# Modules moved to runfiles/, their old paths kept for one release as thin re-exports: an
+# import of one is an import of its new home (drop an entry with its re-export).
+MOVED = {
+    f"collapse_guard.datasets.{old}": f"collapse_guard.runfiles.{new}"
+    for old, new in {
+        "runfile": "format",  # and writer, reader: all three in runfiles
+        "label": "label",
+        "censor": "censoring",
+        "relabel": "relabel",
+        "ingest": "ingest",
+        "summary": "card",
+        "runs": "records",
+    }.items()
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +75,6 @@ class Edge:
     source: str  # importing module, dotted
     target: str  # imported module (a submodule when ``from pkg import sub`` names one)
     line: int
-    type_checking: bool  # under ``if TYPE_CHECKING:``: never runs
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -53,18 +86,10 @@ def imports_of(
     name: str, source: str, known: set[str], *, is_package: bool = False
 ) -> Iterator[Edge]:
     """Every import in ``source`` (module ``name``), at any depth, relative ones resolved."""
-    tree = ast.parse(source)
-    guarded = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Edge(name, alias.name, node.lineno, id(node) in guarded)
+                yield Edge(name, alias.name, node.lineno)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -73,15 +98,25 @@ def imports_of(
                 base = ".".join([*package, base] if base else package)
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                yield Edge(name, sub if sub in known else base, node.lineno, id(node) in guarded)
+                yield Edge(name, sub if sub in known else base, node.lineno)
 
 
 def part_of(module: str) -> str:
-    """``predictor.<layer>`` inside predictor/, else the top-level part."""
+    """``predictor.<layer>`` inside predictor/, ``service.<side>`` inside service/ (or the
+    old flat module's name), else the top-level part."""
     parts = module.split(".")
-    if len(parts) > 2 and parts[1] == "predictor":
-        return f"predictor.{parts[2]}"
+    if len(parts) > 2 and parts[1] in ("predictor", "service"):
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _inner(order: tuple[str, ...], layer: str, dst_layer: str, strict: bool) -> bool:
+    """Whether ``layer`` may import ``dst_layer`` inside one part whose inner layers are
+    ``order``; outside ``order`` (service's old flat modules, kept for one release)
+    anything of the part, unless ``strict``."""
+    if layer not in order:
+        return not strict
+    return dst_layer in order and order.index(dst_layer) <= order.index(layer)
 
 
 def violations(edges: list[Edge]) -> list[str]:
@@ -95,13 +130,14 @@ def violations(edges: list[Edge]) -> list[str]:
             continue
         if not dst.startswith("collapse_guard."):
             continue
-        dst_part = part_of(dst)
+        dst_part = part_of(MOVED.get(dst, dst))
         top, dst_top = src.split(".")[0], dst_part.split(".")[0]
         if dst_top in LEAVES or src == dst_part:
             continue
-        if top == "predictor" and dst_top == "predictor":
-            layer, dst_layer = src.split(".")[1], dst_part.partition(".")[2]
-            if dst_layer not in LAYERS or LAYERS.index(dst_layer) > LAYERS.index(layer):
+        if top == dst_top and top in ("predictor", "service"):
+            layer, dst_layer = src.partition(".")[2], dst_part.partition(".")[2]
+            order = LAYERS if top == "predictor" else SIDES
+            if not _inner(order, layer, dst_layer, strict=top == "predictor"):
                 found.append(f"{e.source}:{e.line} ({layer}) imports {dst}")
             continue
         allowed = ALLOWED.get(top, set())  # "predictor": any layer; "predictor.core": that one
@@ -110,12 +146,32 @@ def violations(edges: list[Edge]) -> list[str]:
     return found
 
 
+def two_way(allowed: Mapping[str, set[str]]) -> list[tuple[str, str]]:
+    """Pairs of parts that each may import the other (``predictor.core`` counts as predictor)."""
+    tops = {part: {p.split(".")[0] for p in parts} for part, parts in allowed.items()}
+    return sorted((a, b) for a in tops for b in tops[a] if a < b and a in tops.get(b, ()))
+
+
+def floors(allowed: Mapping[str, set[str]]) -> list[set[str]]:
+    """The parts by floor, lowest first: each on the floor above the highest it may import."""
+    below = {part: {p.split(".")[0] for p in parts} - {part} for part, parts in allowed.items()}
+    placed: set[str] = set()
+    found: list[set[str]] = []
+    while len(placed) < len(below):
+        floor = {part for part, needs in below.items() if part not in placed and needs <= placed}
+        if not floor:
+            raise ValueError(f"no floor for {sorted(set(below) - placed)}: a circle of permits")
+        found.append(floor)
+        placed |= floor
+    return found
+
+
 def circles(edges: list[Edge]) -> list[list[str]]:
-    """Strongly connected groups of modules (Tarjan), TYPE_CHECKING imports left out."""
+    """Strongly connected groups of modules (Tarjan), every kind of import counted."""
     graph: dict[str, set[str]] = {}
     for e in edges:
         graph.setdefault(e.source, set())
-        if not e.type_checking and e.target != e.source and e.target.startswith("collapse_guard"):
+        if e.target != e.source and e.target.startswith("collapse_guard"):
             graph[e.source].add(e.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -166,6 +222,29 @@ def test_the_package_has_no_import_circle_lazy_imports_included(package_edges):
     assert circles(package_edges) == []
 
 
+def test_no_two_parts_permit_each_other():
+    assert two_way(ALLOWED) == []
+    # the check sees one: the probe and datasets as they were before runfiles/
+    assert two_way({"probe": {"datasets"}, "datasets": {"probe", "features"}}) == [
+        ("datasets", "probe")
+    ]
+    assert two_way({"guard": {"predictor.core"}, "predictor": {"guard"}}) == [
+        ("guard", "predictor")
+    ]
+
+
+def test_the_parts_stand_on_floors_run_files_on_the_ground():
+    assert floors(ALLOWED) == FLOORS
+    with pytest.raises(ValueError, match="a circle of permits"):
+        floors({"a": {"b"}, "b": {"c"}, "c": {"a"}})
+
+
+def test_package_modules_import_moved_modules_by_their_new_path(package_edges):
+    # only the old paths themselves (the re-exports of datasets/) may name an old path
+    old = {e.source for e in package_edges if e.target in MOVED}
+    assert sorted(m for m in old if m not in MOVED) == []
+
+
 def test_every_predictor_module_sits_in_a_layer():
     loose = [p.name for p in (PACKAGE / "predictor").glob("*.py") if p.name != "__init__.py"]
     layers = sorted(
@@ -206,11 +285,11 @@ def test_guard_and_service_may_reach_only_the_core_and_no_torch_in_the_service()
     assert violations(_edges("collapse_guard.guard.risk_source", training)) == [
         "collapse_guard.guard.risk_source:1 (guard) imports collapse_guard.predictor.training.train"
     ]
-    assert violations(_edges("collapse_guard.service.scoring", package)) == [
-        "collapse_guard.service.scoring:1 (service) imports collapse_guard.predictor"
+    assert violations(_edges("collapse_guard.service.server.scoring", package)) == [
+        "collapse_guard.service.server.scoring:1 (service) imports collapse_guard.predictor"
     ]
-    assert violations(_edges("collapse_guard.service.scoring", torch)) == [
-        "collapse_guard.service.scoring:2 imports torch"
+    assert violations(_edges("collapse_guard.service.server.scoring", torch)) == [
+        "collapse_guard.service.server.scoring:2 imports torch"
     ]
     assert violations(_edges("collapse_guard.guard.guard", torch)) == []  # the guard may
     assert violations(_edges("collapse_guard.features.stats", package)) == [
@@ -218,7 +297,21 @@ def test_guard_and_service_may_reach_only_the_core_and_no_torch_in_the_service()
     ]
 
 
-def test_relative_imports_resolve_and_type_checking_imports_close_no_circle():
+def test_the_client_side_knows_nothing_of_the_server_and_the_guard_only_the_client():
+    server = "from collapse_guard.service.server.scoring import Scorer\n"
+    client = "from collapse_guard.service.client.wire import RiskResult\n"
+    assert violations(_edges("collapse_guard.service.client.risk_client", server)) == [
+        "collapse_guard.service.client.risk_client:1 (client) imports "
+        "collapse_guard.service.server.scoring"
+    ]
+    assert violations(_edges("collapse_guard.service.server.scoring", client)) == []
+    assert violations(_edges("collapse_guard.guard.risk_spec", client)) == []
+    assert violations(_edges("collapse_guard.guard.risk_spec", server)) == [
+        "collapse_guard.guard.risk_spec:1 (guard) imports collapse_guard.service.server.scoring"
+    ]
+
+
+def test_relative_imports_resolve_and_lazy_and_type_checking_imports_close_a_circle():
     edges = _edges("collapse_guard.predictor.core.risk", "from .. import core\nfrom . import x\n")
     assert [e.target for e in edges] == [
         "collapse_guard.predictor.core",
@@ -233,10 +326,7 @@ def test_relative_imports_resolve_and_type_checking_imports_close_no_circle():
         ["collapse_guard.predictor.core.risk", "collapse_guard.predictor.training.train"]
     ]
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    " + b.split("\n")[1].strip()
-    assert (
-        circles(
-            _edges("collapse_guard.predictor.core.risk", a)
-            + _edges("collapse_guard.predictor.training.train", typed)
-        )
-        == []
-    )
+    assert circles(
+        _edges("collapse_guard.predictor.core.risk", a)
+        + _edges("collapse_guard.predictor.training.train", typed)
+    ) == [["collapse_guard.predictor.core.risk", "collapse_guard.predictor.training.train"]]

@@ -2,7 +2,7 @@
 
 ``spawn_pool(fn, tasks, workers)`` yields ``fn(*task)`` for each task as the workers
 finish them. Processes are started by spawn, never fork: a forked child of a process
-that already ran torch, numpy or OpenMP work can hang (../shared/STACK.md), and spawn
+that already ran torch, numpy or OpenMP work can hang (docs/stack.md, "OpenMP"), and spawn
 behaves the same on every platform. A ``ProcessPoolExecutor`` rather than
 ``multiprocessing.Pool``: a worker that dies (out of memory, a crash in native code)
 raises ``BrokenProcessPool`` here instead of hanging the pool.

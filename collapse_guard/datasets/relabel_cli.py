@@ -1,5 +1,5 @@
 """``collapse-guard data relabel``: run files labelled under an older rule brought to the
-current one (``datasets.relabel``); the library is imported inside, so ``--help`` stays fast."""
+current one (``runfiles.relabel``); the library is imported inside, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def relabel_command(
     """Relabel runs whose label_version is not the current rule's, in place."""
     from rich.console import Console
 
-    from collapse_guard.datasets.label import LABEL_VERSION
-    from collapse_guard.datasets.relabel import relabel_runs
-    from collapse_guard.datasets.runs import find_run_files
+    from collapse_guard.runfiles.label import LABEL_VERSION
+    from collapse_guard.runfiles.records import find_run_files
+    from collapse_guard.runfiles.relabel import relabel_runs
 
     console = Console()
     report = relabel_runs(find_run_files(runs), dry_run=dry_run)

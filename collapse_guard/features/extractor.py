@@ -40,7 +40,7 @@ from collapse_guard.signals import SIGNAL_NAMES, signal
 
 __all__ = ["DEFAULT_WINDOW", "FeatureExtractor"]
 
-# Steps in a feature window. As long as the horizon (datasets.label.HORIZON) by choice:
+# Steps in a feature window. As long as the horizon (runfiles.label.HORIZON) by choice:
 # the model sees as far back as it looks ahead.
 DEFAULT_WINDOW = 200
 

@@ -239,36 +239,11 @@ def _kernel(grid, ends, weights, bounds, companion, columns, dsi, n_features):
     return out
 
 
-# The order _signal_stats returns its statistics in: every reading's, as the schema
-# lists them (schema.ALL_STATS); the plan's columns pick a signal's reading's ones.
-_RETURNED = (
-    "last",
-    "mean",
-    "std",
-    "min",
-    "max",
-    "slope",
-    "ewma_ratio",
-    "zscore",
-    "frac_over",
-    "nonfinite",
-    "last_rel",
-    "std_rel",
-    "min_rel",
-    "max_rel",
-    "slope_rel",
-    "last_dev",
-    "min_dev",
-    "max_dev",
-    "ewma_dev",
-)
-if _RETURNED != ALL_STATS:
-    raise ImportError("features.stats._signal_stats and schema.ALL_STATS disagree on order")
-
-
 @numba.njit(**_JIT)
 def _signal_stats(x, flag, weights, low, high):
-    """The statistics of one signal's window ``x`` in ``_RETURNED`` order."""
+    """The statistics of one signal's window ``x``, in ``schema.ALL_STATS`` order: every
+    reading's, as the schema lists them (the plan's columns pick a signal's reading's
+    ones; tests/features/test_kernel.py checks each by name against a reference)."""
     # "now" is the last finite value; sums are of y = value - last
     j = len(x) - 1
     while j >= 0 and not math.isfinite(x[j]):

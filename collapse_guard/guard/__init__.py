@@ -1,4 +1,4 @@
-"""The guard: acts on the collapse risk inside a PyTorch training loop (DESIGN.md "Guard").
+"""The guard: acts on the collapse risk inside a PyTorch training loop (docs/design.md, "Guard").
 
 ``Guard(model, optimizer, checkpoint_dir=...)``, then ``decision = guard.step(loss)`` in
 place of ``optimizer.step()``; ``guard.close()`` at the end. Where each action happens:
@@ -10,6 +10,7 @@ from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.guard import Guard, GuardGaveUp
 from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.qk_clip import QKLayout
+from collapse_guard.guard.risk_spec import ServiceRisk
 from collapse_guard.guard.schedule import warmup_cosine
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "GuardGaveUp",
     "GuardPolicy",
     "QKLayout",
+    "ServiceRisk",
     "StepFacts",
     "decide",
     "warmup_cosine",

@@ -65,8 +65,16 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
+from collapse_guard.predictor.core.levels import CRITICAL, OK, WARN, Level
 
-__all__ = ["GuardDecision", "StepFacts", "decide", "next_lr_multiplier"]
+__all__ = [
+    "GuardDecision",
+    "StepFacts",
+    "accepts_outliers",
+    "decide",
+    "next_lr_multiplier",
+    "outlier_z",
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class StepFacts:
     grad_finite: bool = True  # every gradient element finite
     loss_z: float = math.nan  # z-score against the recent finite history (NaN: too short)
     grad_z: float = math.nan
-    level: str = "ok"  # the latest risk reading's level
+    level: Level = OK  # the latest risk reading's level
     probability: float = math.nan
     lr_multiplier: float = 1.0  # the level multiplier in force before this step
     skip_streak: int = 0  # updates skipped in a row before this step
@@ -96,13 +104,17 @@ class StepFacts:
     clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
     stale_gradients: str = ""  # why the gradients are not this step's ("": they are)
 
+    def __post_init__(self) -> None:
+        if self.level in RISK_LEVELS:  # a level's name (a test, a replay): its Level
+            object.__setattr__(self, "level", Level(self.level))
+
 
 @dataclass(frozen=True)
 class GuardDecision:
     """What the applier does at one step; ``events`` is what the run file records."""
 
     step: int
-    level: str = "ok"
+    level: Level = OK
     probability: float = math.nan
     apply_update: bool = True
     lr_multiplier: float = 1.0  # of the level, over the loop's LR (rescue factor apart)
@@ -129,10 +141,23 @@ class GuardDecision:
         data = dict(data)
         for key in ("clip_layers", "rollback_to", "events"):
             data[key] = tuple(data.get(key, ()))
+        data["level"] = Level.parse(data.get("level", OK))
         return cls(**data)
 
 
-def next_lr_multiplier(current: float, level: str, policy: GuardPolicy) -> float:
+def outlier_z(level: Level, policy: GuardPolicy) -> float:
+    """The z-score over which a loss or gradient norm is an outlier at ``level`` (the host's
+    rule here, the device's gate in ``deferred.py``: one definition for both)."""
+    return policy.critical_outlier_z if level == CRITICAL else policy.outlier_z
+
+
+def accepts_outliers(skip_streak: int, data_fault: bool, policy: GuardPolicy) -> bool:
+    """After max_outlier_skips z-score skips in a row the next outlier is the data now
+    (applied, clipped), except in data-fault mode; right after an LR jump it is rescued."""
+    return not data_fault and skip_streak >= policy.max_outlier_skips
+
+
+def next_lr_multiplier(current: float, level: Level, policy: GuardPolicy) -> float:
     """The level's multiplier: down at once, back up by doubling every lr_restore_steps."""
     target = policy.level_lr(level)
     if target <= current:
@@ -151,8 +176,8 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
         return f"skip_streak={streak}"
     if facts.after_rollback and facts.averaged_rollback and skip.startswith("loss_z"):
         return f"average_worse:{skip}"  # the mean of the ring is off the basin: the newest alone
-    outliers = skip and skip != "nonfinite_grad" and not facts.data_fault
-    if outliers and facts.lr_jump and facts.skip_streak >= policy.max_outlier_skips:
+    outliers = skip and skip != "nonfinite_grad"
+    if outliers and facts.lr_jump and accepts_outliers(facts.skip_streak, facts.data_fault, policy):
         return f"lr_jump:{skip}"  # the outliers follow the LR's jump: the model broke
     return ""
 
@@ -160,7 +185,7 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
 def _skip_reason(facts: StepFacts, policy: GuardPolicy) -> str:
     if not facts.grad_finite and not facts.amp_overflow:
         return "nonfinite_grad"
-    z = policy.critical_outlier_z if facts.level == "critical" else policy.outlier_z
+    z = outlier_z(facts.level, policy)
     for name, value in (("loss_z", facts.loss_z), ("grad_z", facts.grad_z)):
         if value > z:  # NaN (too little history) compares False
             return f"{name}={value:.1f}"
@@ -169,8 +194,9 @@ def _skip_reason(facts: StepFacts, policy: GuardPolicy) -> str:
 
 def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     """The decision for one step (the module docstring gives the rules and their order)."""
-    if facts.level not in RISK_LEVELS:
-        raise ValueError(f"level must be one of {RISK_LEVELS}, got {facts.level!r}")
+    if not isinstance(facts.level, Level):
+        names = tuple(level.value for level in RISK_LEVELS)
+        raise ValueError(f"level must be one of {names}, got {facts.level!r}")
     common = {"step": facts.step, "level": facts.level, "probability": facts.probability}
     lr = next_lr_multiplier(facts.lr_multiplier, facts.level, policy)
     if facts.stale_gradients:
@@ -207,7 +233,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         events.append(f"lr_x{lr:.3g}")
     skip = _skip_reason(facts, policy)
     data_fault = _data_fault(facts, policy, skip, events)
-    accept = not data_fault and facts.skip_streak >= policy.max_outlier_skips
+    accept = accepts_outliers(facts.skip_streak, data_fault, policy)
     if skip and skip != "nonfinite_grad" and accept:
         events.append(f"accept:{skip}")  # the outlier persists: it is the data now
         skip = ""
@@ -220,13 +246,12 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
             data_fault=data_fault,
             events=(*events, f"skip:{skip}"),
         )
-    elevated = facts.level in ("warn", "critical")
-    layers = facts.layer_outliers if elevated else ()
+    layers = facts.layer_outliers if facts.level >= WARN else ()
     if layers:
         events.append(f"clip_layers:{len(layers)}")
-    healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != "critical"
+    healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != CRITICAL
     due = policy.checkpoint_every and facts.since_checkpoint >= policy.checkpoint_every
-    watchful = facts.level != "ok" and facts.since_checkpoint >= policy.watch_checkpoint_gap
+    watchful = facts.level > OK and facts.since_checkpoint >= policy.watch_checkpoint_gap
     checkpoint = bool(healthy and (due or watchful))
     if checkpoint:
         events.append("checkpoint")

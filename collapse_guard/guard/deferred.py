@@ -1,23 +1,33 @@
-"""The guard's deferred steps (``Guard(sync="deferred")``): a healthy-looking step's update
-gated on the device, its facts read by the host at the next step.
+"""How a step's facts reach the host: at once (:class:`ImmediateSync`) or a step later
+(:class:`DeferredSync`, ``Guard(sync="deferred")``).
 
-A mixin of :class:`~collapse_guard.guard.guard.Guard`, kept apart because it is one
-path through a step with its own rules: which steps may defer (``_healthy_decision``),
-the device's gate (``_apply_deferred``, with ``device_gate.py``) and the booking a step
-late (``_settle``), which must decide exactly as a step read at once would.
+A deferred step is a healthy-looking one whose update the device gates by the reactive
+rules (``device_gate.py``, with the z and outlier rules of ``decision.py``: one
+definition for both paths); its facts travel to the host as a :class:`PendingStep` and
+are read at the next step (:meth:`DeferredSync.take`), where the guard decides them as a
+step read at once would, and :meth:`DeferredSync.check` makes sure the device's gate
+reached that same verdict. Which steps may defer: :meth:`DeferredSync.may_defer`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from collapse_guard.guard import ddp
-from collapse_guard.guard.decision import GuardDecision, decide
+from collapse_guard.guard.decision import (
+    GuardDecision,
+    StepFacts,
+    accepts_outliers,
+    decide,
+    outlier_z,
+)
 from collapse_guard.guard.device_gate import (
     GateBands,
     HostCopy,
@@ -25,12 +35,28 @@ from collapse_guard.guard.device_gate import (
     gated_step,
     skip_flag,
 )
+from collapse_guard.guard.lr import lr_for_step, restore_lr
+from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.qk_clip import head_maxima
+from collapse_guard.guard.state import RunState, Trajectory
+from collapse_guard.predictor.core.levels import WATCH
 from collapse_guard.signals import SIGNAL_NAMES
 
-__all__ = ["DeferredSteps", "deferred_sync"]
+__all__ = [
+    "DeferredMismatch",
+    "DeferredSync",
+    "ImmediateSync",
+    "PendingStep",
+    "SettledStep",
+    "deferred_sync",
+    "make_sync",
+]
 
-_QK_MAXIMA = "__qk:"  # a deferred step's head maxima, by module, among its facts
+_GATE, _RECORD, _QK = "gate", "record", "qk"  # the parts of a pending step's copy
+
+
+class DeferredMismatch(RuntimeError):
+    """The device's gate and the host's decision of a deferred step disagree (a bug)."""
 
 
 def deferred_sync(sync: str, model: nn.Module, optimizer: Any) -> bool:
@@ -51,106 +77,194 @@ def deferred_sync(sync: str, model: nn.Module, optimizer: Any) -> bool:
     return sync == "deferred"
 
 
-class DeferredSteps:
-    """The deferred path of :class:`Guard` (module docstring); it reads and writes the
-    guard's own state."""
+@dataclass(frozen=True)
+class SettledStep:
+    """A deferred step's facts, read by the host."""
 
-    _defer: bool
-    _pending: tuple | None
-    _discard_next: bool
+    norms: torch.Tensor  # per-tensor gradient norms, on the device
+    loss: float
+    grad_norm: float
+    skipped: bool  # the device's gate did not apply the update
+    record: dict[str, float]  # the probe's record of the step
+    maxima: dict[str, np.ndarray]  # head maxima of its probe pass, by module (QK-clip)
+    loop_lr: float  # group 0's LR as the loop set it
+    applied_lr: float  # the LR in force had the update been applied
 
-    def _healthy_decision(self, s: int, stale: str) -> GuardDecision | None:
-        """Step ``s``'s decision if its loss and gradients are healthy, where nothing else
-        needs them before the update (then the device gates the update and the host reads
-        the facts at the next step); None where this step reads its facts now.
 
-        Read now (one sync): ``sync="step"``; DDP (rank 0's decision is broadcast); AMP
-        (the scaler's own skip); a QK-clip plan to apply (a head over tau at the last
-        probe pass, whose maxima a deferred step copies with its facts); a stale step; a
-        forced action; warn or critical (outlier layers are clipped by their norms); the
-        first step after a rollback and data-fault mode (their rules read this step's
-        loss); layer caps from a rescue; and every step that checkpoints (the parameters
-        are read for finiteness).
-        """
-        if not self._defer or stale or self._forced is not None or self.qk_pending:
-            return None
-        if self.level not in ("ok", "watch") or self.after_rollback or self.data_fault:
-            return None
-        amp = self.scaler is not None and self.scaler.is_enabled()
-        if amp or self.layer_bounds or ddp.is_distributed():
-            return None
-        facts = replace(self._facts(s, 0.0, 1.0), loss_z=math.nan, grad_z=math.nan)
-        decision = decide(replace(facts, collapse_online=False), self.policy)
+@dataclass(frozen=True)
+class PendingStep:
+    """A deferred step on its way to the host: one copy of its values, by part."""
+
+    norms: torch.Tensor
+    copy: HostCopy  # keys (part, name): part one of "gate", "record", "qk"
+    loop_lr: float
+    applied_lr: float
+
+    def read(self) -> SettledStep:
+        parts: dict[str, dict[str, Any]] = {_GATE: {}, _RECORD: {}, _QK: {}}
+        for (part, name), value in self.copy.read().items():
+            parts[part][name] = value
+        gate = parts[_GATE]
+        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
+        record.update(parts[_RECORD])
+        return SettledStep(
+            self.norms,
+            gate["loss"],
+            gate["grad_norm"],
+            gate["skip"] > 0,
+            record,
+            parts[_QK],
+            self.loop_lr,
+            self.applied_lr,
+        )
+
+
+class ImmediateSync:
+    """``sync="step"``: every step reads its loss and gradient norm before the update."""
+
+    def may_defer(self, run: RunState, *, stale: str, forced: bool, amp: bool) -> bool:
+        return False
+
+    def take(self) -> SettledStep | None:
+        return None
+
+    def take_discard(self) -> str:
+        return ""
+
+    def forget(self) -> None:
+        pass
+
+
+class DeferredSync:
+    """``sync="deferred"``: a healthy-looking step's update gated on the device, its facts
+    read at the next step (module docstring)."""
+
+    def __init__(
+        self,
+        policy: GuardPolicy,
+        optimizer: Any,
+        params: Sequence[torch.Tensor],
+        probe: Any,
+        qk: bool,
+    ) -> None:
+        self.policy, self.optimizer, self.params, self.probe = policy, optimizer, params, probe
+        self.qk = qk  # QK-clip is on: a step's head maxima travel with its facts
+        self._pending: PendingStep | None = None
+        self._discard_next = False  # the rescue of a deferred step: the backward made
+        # since ran at the weights it replaced
+
+    def may_defer(self, run: RunState, *, stale: str, forced: bool, amp: bool) -> bool:
+        """Whether this step may defer. Read now (one sync): DDP (rank 0's decision is
+        broadcast); AMP (the scaler's own skip); a QK-clip plan to apply (a head over tau
+        at the last probe pass, whose maxima a deferred step copies with its facts); a
+        stale step; a forced action; warn or critical (outlier layers are clipped by
+        their norms); the first step after a rollback and data-fault mode (their rules
+        read this step's loss); and layer caps from a rescue."""
+        if stale or forced or run.qk_pending:
+            return False
+        if run.level > WATCH or run.after_rollback or run.data_fault:
+            return False
+        return not (amp or run.layer_bounds or ddp.is_distributed())
+
+    def healthy(self, facts: StepFacts) -> GuardDecision | None:
+        """The decision of a step whose loss and gradients are healthy (``facts`` of a
+        loss 0 and a gradient norm 1), unless it checkpoints (the parameters are read for
+        finiteness) or would not update: then this step reads its facts now."""
+        facts = replace(facts, loss_z=math.nan, grad_z=math.nan, collapse_online=False)
+        decision = decide(facts, self.policy)
         return decision if decision.apply_update and not decision.checkpoint else None
 
-    def _gate_bands(self, s: int) -> GateBands:
-        p = self.policy
-        z = p.critical_outlier_z if self.level == "critical" else p.outlier_z
-        if self.skip_streak >= p.max_outlier_skips and not self._lr_jumped():
-            z = math.inf  # outliers are accepted now (decision.py); after an LR jump they rescue
-        online = self.online
+    def bands(self, run: RunState, trajectory: Trajectory, lr_jump: bool) -> GateBands:
+        """The host's thresholds for the device's gate: ``decide``'s own rules."""
+        z = outlier_z(run.level, self.policy)
+        if accepts_outliers(run.skip_streak, run.data_fault, self.policy) and not lr_jump:
+            z = math.inf  # an outlier is applied now (decision.py); after an LR jump it rescues
+        online = trajectory.online
         return GateBands(
-            self.loss_history.band(),
-            self.grad_history.band(),
+            trajectory.loss_history.band(),
+            trajectory.grad_history.band(),
             z,
             online.smoothed,
             online.alpha,
-            online.collapse_line(s),
+            online.collapse_line(run.step_index),
         )
 
-    def _apply_deferred(
-        self, decision: GuardDecision, loss: torch.Tensor, total: torch.Tensor, norms
+    def launch(
+        self,
+        decision: GuardDecision,
+        loss: torch.Tensor,
+        total: torch.Tensor,
+        norms: torch.Tensor,
+        run: RunState,
+        trajectory: Trajectory,
+        lr_jump: bool,
     ) -> None:
-        """The update of a healthy-looking step, gated on the device by the reactive rules;
-        its facts go to the host for :meth:`_settle`, with no sync now."""
-        skip = skip_flag(loss, total, self._gate_bands(self.step_index))
-        if decision.clip_to > 0:  # _clip's global clipping, on the device, same float ops
+        """The update, gated on the device; its facts (the probe's record, with QK-clip the
+        head maxima of its probe pass) start for the host with no sync."""
+        skip = skip_flag(loss, total, self.bands(run, trajectory, lr_jump))
+        optimizer, probe = self.optimizer, self.probe
+        if decision.clip_to > 0:  # the host's global clipping, on the device, same float ops
             total64 = total.double()  # a full tensor divided, not scalar / tensor (torch's
             # reciprocal-then-multiply rounds differently from the host's division)
             coef = torch.full_like(total64, decision.clip_to) / (total64 + 1e-6)
             coef = torch.where(total64 > decision.clip_to, coef, 1.0).float()
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
-        in_force = self.lr_in_force
-        saved = self._lr_with_multiplier(decision)
-        gated_step(self.optimizer, skip)
-        self._restore_lr(saved, warmup=False)  # the warm-up check counts applied steps
-        applied_lr, self.lr_in_force = self.lr_in_force, in_force
-        facts = {"__loss": loss, "__grad_norm": total, "__skip": skip}
-        pending = self.probe.after_step_pending()
-        if self.qk is not None and self.probe.last_pass is not None:
-            maxima = head_maxima(self.probe.last_pass.attention)
-            pending.update({_QK_MAXIMA + name: m for name, m in maxima.items()})
-        self._pending = (norms, HostCopy({**facts, **pending}), saved[0], applied_lr)
-
-    def _settle(self) -> None:
-        """Book the deferred step: read its facts (a step late: no stall), decide it as
-        the host would have, and book it. Its decision is that of a step read at once:
-        the device's gate applied exactly the rules that skip or rescue (asserted here).
-        A rescue rolls back now; the backward already made at the replaced weights is
-        then discarded (``skip:after_rescue``)."""
-        if self._pending is None:
-            return
-        norms, copy, loop_lr, applied_lr = self._pending
-        self._pending = None
-        values = copy.read()
-        loss_value, grad_norm = values.pop("__loss"), values.pop("__grad_norm")
-        skipped = values.pop("__skip") > 0
-        maxima = {
-            k[len(_QK_MAXIMA) :]: values.pop(k) for k in list(values) if k.startswith(_QK_MAXIMA)
+        saved, applied_lr = lr_for_step(optimizer, decision.lr_multiplier, run.lr_ceiling)
+        gated_step(optimizer, skip)
+        restore_lr(optimizer, saved)  # no warm-up check: it counts applied steps (take)
+        values: dict[tuple[str, str], Any] = {
+            (_GATE, "loss"): loss,
+            (_GATE, "grad_norm"): total,
+            (_GATE, "skip"): skip,
         }
-        record = dict.fromkeys(SIGNAL_NAMES, math.nan)
-        record.update(values)
-        stale = "zero_gradients" if grad_norm == 0.0 else ""
-        if stale:
-            self._warn_stale(stale)
-        decision = self._decide(self.step_index, loss_value, grad_norm, norms, stale)
-        assert skipped == (not decision.apply_update), (decision, loss_value, grad_norm)
-        if decision.give_up:
-            self._give_up(decision)
-        self.lr_multiplier = decision.lr_multiplier
-        if decision.apply_update:
-            self.lr_in_force = applied_lr
-            self._check_warmup(loop_lr)
-        self.qk_pending = self._qk_plan(decision, maxima)
-        self._book(decision, norms, record, [])
+        values.update({(_RECORD, k): v for k, v in probe.after_step_pending().items()})
+        if self.qk and probe.last_pass is not None:
+            maxima = head_maxima(probe.last_pass.attention)
+            values.update({(_QK, name): m for name, m in maxima.items()})
+        self._pending = PendingStep(norms, HostCopy(values), saved[0], applied_lr)
+
+    def take(self) -> SettledStep | None:
+        """The deferred step's facts (a step late: no stall), or None without one."""
+        pending, self._pending = self._pending, None
+        return pending.read() if pending is not None else None
+
+    def check(self, step: SettledStep, decision: GuardDecision) -> None:
+        """The device's gate skipped exactly where the host's decision does not update:
+        both apply the same rules, so anything else is a bug to report, not to train on."""
+        if step.skipped != (not decision.apply_update):
+            device = "skipped" if step.skipped else "applied"
+            host = ";".join(decision.events) or "apply"
+            raise DeferredMismatch(
+                f"step {decision.step}: the device's gate {device} the update, the host's "
+                f"decision is {host!r} (loss {step.loss!r}, gradient norm {step.grad_norm!r}); "
+                "please report this with the run file, and use Guard(sync='step') meanwhile"
+            )
+
+    def after(self, decision: GuardDecision) -> None:
+        """A rescue rolls back now: the backward already made at the replaced weights is
+        discarded at the next step (``skip:after_rescue``)."""
         self._discard_next = decision.rescue
+
+    def take_discard(self) -> str:
+        discard, self._discard_next = self._discard_next, False
+        return "after_rescue" if discard else ""
+
+    def forget(self) -> None:
+        """A loaded state replaces the deferred step."""
+        self._pending, self._discard_next = None, False
+
+
+def make_sync(
+    sync: str,
+    model: nn.Module,
+    optimizer: Any,
+    *,
+    policy: GuardPolicy,
+    params: Sequence[torch.Tensor],
+    probe: Any,
+    qk: bool,
+) -> ImmediateSync | DeferredSync:
+    """The strategy of ``Guard(sync=...)``."""
+    if not deferred_sync(sync, model, optimizer):
+        return ImmediateSync()
+    return DeferredSync(policy, optimizer, params, probe, qk)

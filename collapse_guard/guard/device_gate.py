@@ -15,6 +15,7 @@ and are read at the next step, as a risk answer already is.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,14 +87,14 @@ class HostCopy:
     and an event, so neither this step nor the read stalls the queue (the event is long
     past by then). CPU tensors are host memory already."""
 
-    def __init__(self, values: dict[str, torch.Tensor | float]) -> None:
+    def __init__(self, values: dict[Hashable, torch.Tensor | float]) -> None:
         self.keys = list(values)
         self.floats = {k: float(v) for k, v in values.items() if not torch.is_tensor(v)}
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        by_device: dict[torch.device, list[tuple[Hashable, torch.Tensor]]] = {}
         for key, value in values.items():
             if torch.is_tensor(value):
                 by_device.setdefault(value.device, []).append((key, value))
-        self.parts: list[tuple[list[tuple[str, torch.Size]], torch.Tensor, Any]] = []
+        self.parts: list[tuple[list[tuple[Hashable, torch.Size]], torch.Tensor, Any]] = []
         for device, items in by_device.items():
             flat = torch.cat([v.detach().reshape(-1).double() for _, v in items])
             event = None
@@ -105,10 +106,10 @@ class HostCopy:
                 flat = host
             self.parts.append(([(k, v.shape) for k, v in items], flat, event))
 
-    def read(self) -> dict[str, float | np.ndarray]:
+    def read(self) -> dict[Hashable, float | np.ndarray]:
         """The values in their order: a float for a 0-d tensor or a float, a float64 array
         of its shape otherwise (host memory: ``numpy``, no device read)."""
-        out: dict[str, float | np.ndarray] = dict(self.floats)
+        out: dict[Hashable, float | np.ndarray] = dict(self.floats)
         for shapes, host, event in self.parts:
             if event is not None:
                 event.synchronize()  # recorded a step ago: already passed

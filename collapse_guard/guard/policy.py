@@ -8,14 +8,15 @@ how it decides that an update is an outlier, and when it rescues.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
-from collapse_guard.predictor.core.levels import RISK_LEVELS
+from collapse_guard.predictor.core.levels import CRITICAL, OK, RISK_LEVELS, WARN, Level
 
-__all__ = ["QK_CLIP_MODES", "RISK_LEVELS", "GuardPolicy"]
+__all__ = ["QK_CLIP_MODES", "RISK_LEVELS", "GuardPolicy", "policy_keyword", "resolve_policy"]
 
 QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 
@@ -67,7 +68,7 @@ class GuardPolicy:
     checkpoint_every: int = 100  # healthy steps between ring checkpoints (0 = only at
     # watch); a 136k-parameter model saves in ~5 ms, <0.1% of 100 steps
     watch_checkpoint_gap: int = 20  # at `watch`, checkpoint if none in this many steps
-    keep_checkpoints: int = 3  # the healthy ring; a rollback averages these (DESIGN.md)
+    keep_checkpoints: int = 3  # the healthy ring; a rollback averages these (docs/design.md)
     # when they share a basin with the newest (checkpoints.py), both rules below holding:
     average_span: int = 300  # steps back from the newest; the default ring (3 checkpoints
     # 100 steps apart) spans 200, and a wider one was broken by skips or excursions
@@ -144,14 +145,19 @@ class GuardPolicy:
                 f"{self.keep_checkpoints} and {self.risk_every}"
             )
 
-    def level_lr(self, level: str) -> float:
+    def level_lr(self, level: Level) -> float:
         """The LR multiplier a level asks for (1 below warn)."""
-        return {"warn": self.warn_lr, "critical": self.critical_lr}.get(level, 1.0)
+        return {WARN: self.warn_lr, CRITICAL: self.critical_lr}.get(level, 1.0)
 
-    def level_clip(self, level: str) -> float:
+    def level_clip(self, level: Level) -> float:
         """The global clipping bound at a level (0 = no clipping)."""
-        bound = {"warn": self.warn_clip, "critical": self.critical_clip}.get(level, self.clip)
+        bound = {WARN: self.warn_clip, CRITICAL: self.critical_clip}.get(level, self.clip)
         return min(bound, self.clip) if self.clip > 0 else bound
+
+    def attention_every(self, level: Level, base: int) -> int:
+        """The probe's attention period at a level: watch_attention_every at watch or
+        above, else the probe's own ``base``."""
+        return self.watch_attention_every if level > OK else base
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> GuardPolicy:
@@ -160,3 +166,30 @@ class GuardPolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def policy_keyword(policy: Any, config: Any, *, who: str = "Guard", stacklevel: int = 4) -> Any:
+    """The value of ``policy=``, or of ``config=``, its deprecated old name (for ``who``)."""
+    if config is None:
+        return policy
+    if policy is not None:
+        raise TypeError(f"{who}: pass policy= alone (config= is its deprecated old name)")
+    warnings.warn(
+        f"{who}(config=...) is deprecated: pass the same value as {who}(policy=...)",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return config
+
+
+def resolve_policy(
+    policy: GuardPolicy | Mapping[str, Any] | None, config: GuardPolicy | Mapping[str, Any] | None
+) -> GuardPolicy:
+    """``Guard(policy=...)``'s policy; ``config=`` is its old name (deprecated)."""
+    policy = policy_keyword(policy, config)
+    if isinstance(policy, Mapping):
+        policy = GuardPolicy.from_dict(policy)
+    policy = policy or GuardPolicy()
+    if not isinstance(policy, GuardPolicy):
+        raise TypeError(f"policy must be a GuardPolicy or a mapping, got {type(policy).__name__}")
+    return policy

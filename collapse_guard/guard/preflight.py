@@ -26,11 +26,20 @@ LRs of the first steps: :class:`WarmupCheck` is fed them by the guard.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
-__all__ = ["WARMUP_CHECK_STEPS", "WarmupCheck", "lr_ceiling", "lr_top", "preflight_warnings"]
+__all__ = [
+    "WARMUP_CHECK_STEPS",
+    "WarmupCheck",
+    "lr_ceiling",
+    "lr_top",
+    "preflight_warnings",
+    "warn_preflight",
+]
 
 LR_FLOOR, LR_CEILING = 1e-5, 3e-4
 SCALED_LR, SCALED_AT, LR_CAP = 6e-4, 125e6, 1e-2  # GPT-3's 125M model; the cap (docstring)
@@ -74,6 +83,14 @@ def preflight_warnings(model: nn.Module, lrs: Sequence[float], clip: float) -> l
     if odd:
         out.append(f"dropout {odd} is outside the seed's range 0.05-0.1")
     return out
+
+
+def warn_preflight(model: nn.Module, optimizer: Any, clip: float) -> None:
+    """:func:`preflight_warnings` of a guard's set-up, as warnings (at the ``Guard(...)``
+    call)."""
+    lrs = [float(g["lr"]) for g in optimizer.param_groups]
+    for message in preflight_warnings(model, lrs, clip):
+        warnings.warn(f"collapse-guard preflight: {message}", UserWarning, stacklevel=3)
 
 
 class WarmupCheck:

@@ -37,12 +37,14 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from collapse_guard.guard.device_gate import HostCopy
+from collapse_guard.predictor.core.levels import WATCH, Level
 from collapse_guard.probe.capture import AttentionCapture
 
 __all__ = [
@@ -217,15 +219,18 @@ def _scale_heads(
 
 
 class QKClip:
-    """Plans (rank 0, from a probe pass) and applies (every rank) per-head QK-clips."""
+    """Plans (rank 0, from a probe pass) and applies (every rank) per-head QK-clips;
+    ``mode`` (``GuardPolicy.qk_clip``) says at which steps (:meth:`plan_after`)."""
 
-    def __init__(self, model: nn.Module, tau: float, mapping: QKMapping = None) -> None:
+    def __init__(
+        self, model: nn.Module, tau: float, mapping: QKMapping = None, mode: str = "always"
+    ) -> None:
         if mapping is not None and not (callable(mapping) or isinstance(mapping, Mapping)):
             raise TypeError(
                 f"qk_layouts must be a dict of module name -> QKLayout or a callable "
                 f"(name, module) -> QKLayout | None, got {type(mapping).__name__}"
             )
-        self.model, self.tau, self.mapping = model, float(tau), mapping
+        self.model, self.tau, self.mapping, self.mode = model, float(tau), mapping, mode
         self._modules = dict(model.named_modules())
         self._layouts: dict[str, QKLayout | None] = {}
         self._warned = False
@@ -263,6 +268,30 @@ class QKClip:
             RuntimeWarning,
             stacklevel=4,
         )
+
+    def acts(self, level: Level, rescues: int) -> bool:
+        """Whether the mode clips at a step of ``level`` with ``rescues`` rescues so far:
+        "always", "watch" at watch or above, "rescue" from the first rescue on."""
+        if self.mode == "watch":
+            return level >= WATCH
+        if self.mode == "rescue":
+            return rescues > 0
+        return self.mode == "always"
+
+    def plan_after(
+        self,
+        probe_pass: Any,
+        level: Level,
+        rescues: int,
+        rescue: bool = False,
+        maxima_of: Mapping[str, np.ndarray] | None = None,
+    ) -> QKPlan:
+        """The plan from a step's probe pass (None: the step had none), {} where the mode
+        does not act (:meth:`acts`) or the step is rescued (its rollback replaces the
+        weights the pass read); ``maxima_of``: as for :meth:`plan`."""
+        if probe_pass is None or rescue or not self.acts(level, rescues):
+            return {}
+        return self.plan(probe_pass.attention, maxima_of)
 
     def plan(
         self,

@@ -5,7 +5,7 @@ norm) and gives the z-score of a new value against them, as OLMo-core's skip-ste
 does (mean and std of the last 128 steps). Values of skipped steps are not added: an
 outlier must not widen the band that judges the next one.
 
-:class:`OnlineLabel` is ``collapse_guard.datasets.label``'s rule applied as the run
+:class:`OnlineLabel` is ``collapse_guard.runfiles.label``'s rule applied as the run
 goes: the same EWMA time constant, best level and margin (``LabelRule``), the same
 settle period; only the confirmation differs. The label confirms a collapse when the
 excursion outlasts its recovery window (3,000 steps), which a live run cannot wait
@@ -18,7 +18,7 @@ import math
 from collections import deque
 from typing import Any
 
-from collapse_guard.datasets.label import LabelRule
+from collapse_guard.runfiles.label import LabelRule
 
 __all__ = ["OnlineLabel", "OutlierHistory"]
 

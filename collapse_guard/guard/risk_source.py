@@ -6,7 +6,7 @@ returned, or None. The guard submits every ``risk_every`` steps and polls at eve
 so an answer applies at the step after it arrives: the embedded model answers within
 ``submit`` (~4 ms), the service from a background thread whenever it answers.
 
-The service never stops training (DESIGN.md): if it cannot be reached, times out,
+The service never stops training (docs/design.md, "Guard"): if it cannot be reached, times out,
 answers an error or garbage, or is still busy with the previous window when the next is
 due, the window is scored by the embedded model instead, a warning is given once, and the
 service is tried again after a back-off (2, 4, ... 32 windows). Everything read from the
@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import queue
 import threading
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from collapse_guard.predictor.core.hold import RiskHold
-from collapse_guard.predictor.core.levels import LEVELS, RISK_LEVELS
+from collapse_guard.predictor.core.levels import LEVELS, RISK_LEVELS, Level
 
 __all__ = [
     "MAX_HOLD_STEPS",
@@ -45,8 +43,7 @@ __all__ = [
     "GarbageAnswer",
     "ReadingHold",
     "RiskReading",
-    "ServiceRisk",
-    "make_risk_source",
+    "ServiceSource",
     "read_answer",
 ]
 
@@ -65,7 +62,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def read_answer(result: Any) -> tuple[float, str, int]:
+def read_answer(result: Any) -> tuple[float, Level, int]:
     """``(probability, level, hold_steps)`` of a service answer, or :class:`GarbageAnswer`."""
     p = getattr(result, "probability", None)
     level = getattr(result, "level", None)
@@ -73,14 +70,15 @@ def read_answer(result: Any) -> tuple[float, str, int]:
     if not (_is_number(p) and math.isfinite(p) and 0.0 <= p <= 1.0):
         raise GarbageAnswer(f"garbage answer: probability {p!r} is not a number in [0, 1]")
     if not isinstance(level, str) or level not in RISK_LEVELS:
-        raise GarbageAnswer(f"garbage answer: level {level!r} is not one of {RISK_LEVELS}")
+        names = tuple(known.value for known in RISK_LEVELS)
+        raise GarbageAnswer(f"garbage answer: level {level!r} is not one of {names}")
     if not (isinstance(hold, int) and not isinstance(hold, bool)) or not (
         0 <= hold <= MAX_HOLD_STEPS
     ):
         raise GarbageAnswer(
             f"garbage answer: hold_steps {hold!r} is not a whole number in [0, {MAX_HOLD_STEPS}]"
         )
-    return float(p), level, hold
+    return float(p), Level.parse(level), hold
 
 
 def _thresholds(values: Any) -> dict[str, float] | None:
@@ -88,7 +86,7 @@ def _thresholds(values: Any) -> dict[str, float] | None:
     if not isinstance(values, dict):
         return None
     try:
-        out = {level: float(values[level]) for level in LEVELS}  # "ok" has no threshold
+        out = {level.value: float(values[level]) for level in LEVELS}  # OK has no threshold
     except (KeyError, TypeError, ValueError):
         return None
     ordered = list(out.values())
@@ -104,9 +102,12 @@ class RiskReading:
 
     step: int
     probability: float
-    level: str
+    level: Level  # a level's name is parsed here, where a reading enters the guard
     source: str  # "embedded" or "service"
     hold_steps: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "level", Level.parse(self.level))
 
 
 class ReadingHold:
@@ -121,7 +122,8 @@ class ReadingHold:
     def __call__(self, reading: RiskReading) -> RiskReading:
         if reading.hold_steps != self._hold.steps:
             self._hold = RiskHold(reading.hold_steps)
-        p, level = self._hold.update(reading.step, reading.probability, reading.level)
+        # the hold keeps the level's name: its state is plain values (a checkpoint's)
+        p, level = self._hold.update(reading.step, reading.probability, reading.level.value)
         return replace(reading, probability=p, level=level)
 
     def state_dict(self) -> dict[str, Any]:
@@ -170,7 +172,7 @@ class EmbeddedRisk:
         pass
 
 
-class ServiceRisk:
+class ServiceSource:
     """The risk service through a :class:`RiskClient`, asked from a background thread."""
 
     source = "service"
@@ -269,7 +271,7 @@ class ServiceRisk:
             self._levels[version] = found or embedded
         return self._levels[version]
 
-    def _checked_level(self, p: float, level: str, version: Any, reason: Any = None) -> str:
+    def _checked_level(self, p: float, level: Level, version: Any, reason: Any = None) -> Level:
         from collapse_guard.predictor.core.levels import level_of  # numpy only
 
         thresholds = self._thresholds_of(version)
@@ -283,8 +285,8 @@ class ServiceRisk:
             self.disagreements += 1
             if self.disagreements == 1:  # warned from poll(): the training thread's warning
                 self._note = (
-                    f"collapse-guard: the risk service answered level {level!r} for "
-                    f"probability {p:.3g}, which its model's thresholds call {own!r}; the "
+                    f"collapse-guard: the risk service answered level {level.value!r} for "
+                    f"probability {p:.3g}, which its model's thresholds call {own.value!r}; the "
                     "guard acts on the probability's level. This warning is given once."
                 )
         return own
@@ -297,38 +299,3 @@ class ServiceRisk:
             except queue.Full:  # a request is pending: the daemon thread ends with the process
                 pass
             self._thread.join(timeout=1.0)
-
-
-def make_risk_source(
-    risk: Any, *, token: str | None = None, timeout: float = 2.0, run_id: str = "run"
-) -> EmbeddedRisk | ServiceRisk | None:
-    """The source for ``Guard(risk=...)``: None or "embedded" -> the bundled model; "off"
-    -> no risk (reactive path only); a URL or a ``RiskClient`` -> the service with the
-    embedded fallback; a ``RiskModel``, a model folder (``collapse-guard calibrate
-    --out``) or a registry URI (``models:/collapse-predictor@champion``) -> that model
-    embedded."""
-    if risk is None or risk == "embedded":
-        return EmbeddedRisk()
-    if risk == "off":
-        return None
-    if isinstance(risk, (str, os.PathLike)) and not str(risk).startswith(("http://", "https://")):
-        from collapse_guard.predictor.core.model_source import load_risk_model
-
-        if not (Path(risk).is_dir() or str(risk).startswith(("models:/", "runs:/"))):
-            raise ValueError(
-                f"risk={str(risk)!r}: expected None, 'embedded', 'off', a service URL "
-                "(http://host:port), a model folder, a models:/ URI, a RiskClient or a RiskModel"
-            )
-        return EmbeddedRisk(load_risk_model(str(risk)))
-    if isinstance(risk, str):
-        from collapse_guard.service.client import RiskClient  # httpx: only when used
-
-        risk = RiskClient(risk, token=token, timeout=timeout, top_k=0)
-    if hasattr(risk, "risk") and hasattr(risk, "ready"):  # a RiskClient (or a stand-in)
-        return ServiceRisk(risk, EmbeddedRisk(), run_id=run_id)
-    if hasattr(risk, "predict_window"):
-        return EmbeddedRisk(risk)
-    raise TypeError(
-        f"risk must be None, 'embedded', 'off', a URL, a RiskClient or a RiskModel; "
-        f"got {type(risk).__name__}"
-    )

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from collapse_guard.guard import Guard, GuardPolicy
+from collapse_guard.guard.policy import policy_keyword
 
-__all__ = ["OwnedStep", "policy_with_clip"]
+__all__ = ["OwnedStep", "callback_policy", "policy_with_clip"]
 
 
 class OwnedStep:
@@ -85,6 +86,14 @@ class OwnedStep:
         """Give the optimizer its own ``step`` back."""
         if vars(self.optimizer).get("step") is self:
             self._put_back()
+
+
+def callback_policy(kwargs: dict[str, Any]) -> GuardPolicy | Mapping[str, Any] | None:
+    """A callback's ``policy=`` (or ``config=``, its deprecated old name), taken out of the
+    keywords it hands the ``Guard``."""
+    return policy_keyword(
+        kwargs.pop("policy", None), kwargs.pop("config", None), who="GuardCallback", stacklevel=5
+    )
 
 
 def policy_with_clip(

@@ -42,7 +42,7 @@ except ImportError as error:  # the extra is optional; say which one
     ) from error
 
 from collapse_guard.guard import Guard
-from collapse_guard.integrations._owned_step import OwnedStep, policy_with_clip
+from collapse_guard.integrations._owned_step import OwnedStep, callback_policy, policy_with_clip
 
 __all__ = ["GuardCallback", "LossTap"]
 
@@ -94,7 +94,7 @@ class GuardCallback(TrainerCallback):
     Args:
         checkpoint_dir: the guard's folder (checkpoint ring, run file, forensics).
         **guard_kwargs: any other keyword of :class:`~collapse_guard.guard.Guard`
-            (``risk``, ``config``, ``probe_config``, ``run_id``, ...).
+            (``risk``, ``policy``, ``probe_config``, ``run_id``, ...).
 
     ``guard`` is the run's Guard from ``on_train_begin`` on (e.g. ``guard.force_next``
     for a drill; ``guard.summary()`` after training).
@@ -123,11 +123,11 @@ class GuardCallback(TrainerCallback):
         scaler = getattr(optimizer, "scaler", None)  # accelerate's, with fp16=True
         if scaler is not None:
             kwargs["scaler"] = scaler
-        config = policy_with_clip(kwargs.pop("config", None), args.max_grad_norm, "max_grad_norm")
+        config = policy_with_clip(callback_policy(kwargs), args.max_grad_norm, "max_grad_norm")
         self._restore = (args, args.max_grad_norm)
         args.max_grad_norm = 0.0  # the guard clips, after it has measured the raw norm
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds it
-        self.guard = Guard(model, inner, self.checkpoint_dir, config=config, **kwargs)
+        self.guard = Guard(model, inner, self.checkpoint_dir, policy=config, **kwargs)
         self._tap = LossTap(model, scaler)
         self._step = OwnedStep(optimizer, self.guard, self._tap.take)
 

@@ -39,7 +39,7 @@ except ImportError as error:  # the extra is optional; say which one
     ) from error
 
 from collapse_guard.guard import Guard
-from collapse_guard.integrations._owned_step import OwnedStep, policy_with_clip
+from collapse_guard.integrations._owned_step import OwnedStep, callback_policy, policy_with_clip
 
 __all__ = ["GuardCallback", "GuardedScaler"]
 
@@ -68,7 +68,7 @@ class GuardCallback(Callback):
     Args:
         checkpoint_dir: the guard's folder (checkpoint ring, run file, forensics).
         **guard_kwargs: any other keyword of :class:`~collapse_guard.guard.Guard`
-            (``risk``, ``config``, ``probe_config``, ``run_id``, ...).
+            (``risk``, ``policy``, ``probe_config``, ``run_id``, ...).
 
     ``guard`` is the fit's Guard from ``on_fit_start`` on.
     """
@@ -101,7 +101,7 @@ class GuardCallback(Callback):
             raise ValueError(
                 f"the guard clips by global norm; got gradient_clip_algorithm="
                 f"{trainer.gradient_clip_algorithm!r}: set gradient_clip_val=None and "
-                "GuardCallback(config={'clip': ...})"
+                "GuardCallback(policy={'clip': ...})"
             )
         kwargs = dict(self.guard_kwargs)
         plugin = trainer.precision_plugin
@@ -109,10 +109,10 @@ class GuardCallback(Callback):
         if self._scaler is not None:
             kwargs["scaler"], self._plugin = self._scaler, plugin
             plugin.scaler = GuardedScaler(self._scaler)
-        config = policy_with_clip(kwargs.pop("config", None), bound, "gradient_clip_val")
+        config = policy_with_clip(callback_policy(kwargs), bound, "gradient_clip_val")
         trainer.gradient_clip_val = None  # the guard clips, after it measured the raw norm
         optimizer = trainer.optimizers[0]
-        self.guard = Guard(pl_module, optimizer, self.checkpoint_dir, config=config, **kwargs)
+        self.guard = Guard(pl_module, optimizer, self.checkpoint_dir, policy=config, **kwargs)
         self._step = OwnedStep(optimizer, self.guard, self._take_loss)
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:

@@ -4,6 +4,7 @@
 >>> model = RiskModel.load()                 # bundled default model
 >>> risk = model.predict_run(frame)          # P(collapse within the horizon) by step
 >>> model.thresholds                         # {"watch": p, "warn": p, "critical": p}
+>>> model.level(risk.iloc[-1]) >= WARN       # a Level: ordered, and its own name ("warn")
 >>> result = train_risk_model(paths)         # a TrainingResult: model, report, split
 >>> result = train_risk_model(paths, TrainConfig(seed=3, hold_steps=25))  # every setting
 >>> log_result(result)                       # MLflow run, registered, promoted if better
@@ -26,12 +27,17 @@ from importlib import import_module
 from typing import Any
 
 __all__ = [
+    "CRITICAL",
     "DEFAULT_BUDGETS",
     "LEVELS",
+    "OK",
+    "WARN",
+    "WATCH",
     "Calibrator",
     "CollapsePredictor",
     "EvalReport",
     "FeatureMismatchError",
+    "Level",
     "ModelFormatError",
     "RiskModel",
     "RunSplit",
@@ -47,10 +53,15 @@ __all__ = [
     "train_risk_model",
 ]
 
-# public name -> module that defines it (a layer's, or datasets.runs for run loading)
+# public name -> module that defines it (a layer's, or runfiles.records for run loading)
 _WHERE = {
     "DEFAULT_BUDGETS": "predictor.core.levels",
     "LEVELS": "predictor.core.levels",
+    "Level": "predictor.core.levels",
+    "OK": "predictor.core.levels",
+    "WATCH": "predictor.core.levels",
+    "WARN": "predictor.core.levels",
+    "CRITICAL": "predictor.core.levels",
     "thresholds_from_budgets": "predictor.core.levels",
     "Calibrator": "predictor.core.calibration",
     "CollapsePredictor": "predictor.core.model",
@@ -67,7 +78,7 @@ _WHERE = {
     "TrainingResult": "predictor.training.train",
     "train_risk_model": "predictor.training.train",
     "log_result": "predictor.lifecycle.registry",
-    "load_runs": "datasets.runs",
+    "load_runs": "runfiles.records",
 }
 
 

@@ -1,4 +1,4 @@
-"""AMP family: the GradScaler's scale and whether it skipped the step.
+"""AMP group: the GradScaler's scale and whether it skipped the step.
 
 =================  ==============================================================
 key                meaning
@@ -21,9 +21,9 @@ import math
 
 import torch
 
-from collapse_guard.probe.state import Event, ProbeState, SignalFamily
+from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
-__all__ = ["AmpFamily"]
+__all__ = ["AmpGroup"]
 
 
 def _scale_of(scaler: object) -> torch.Tensor | None:
@@ -33,7 +33,7 @@ def _scale_of(scaler: object) -> torch.Tensor | None:
     return None if scale is None else scale.detach().clone().float()
 
 
-class AmpFamily(SignalFamily):
+class AmpGroup(SignalGroup):
     keys = ("loss_scale", "overflow")
     period_field = "output_every"
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
@@ -42,7 +42,7 @@ class AmpFamily(SignalFamily):
         super().reset()
         self._before: tuple[int, torch.Tensor] | None = None
 
-    def update(self, state: ProbeState) -> AmpFamily:
+    def update(self, state: ProbeState) -> AmpGroup:
         scale = _scale_of(state.scaler)
         if scale is None:
             self._values = {"loss_scale": math.nan, "overflow": 0.0}

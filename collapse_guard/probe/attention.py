@@ -1,4 +1,4 @@
-"""Attention family: statistics of every attention head on the fixed probe batch.
+"""Attention group: statistics of every attention head on the fixed probe batch.
 
 The probe pass (``capture.run_probe_pass``) hands over one :class:`AttentionCapture`
 per attention call. A "head" is one (call, head) pair; per-head quantities are
@@ -33,9 +33,9 @@ import math
 import torch
 
 from collapse_guard.probe.capture import AttentionCapture
-from collapse_guard.probe.state import ProbeState, SignalFamily
+from collapse_guard.probe.state import ProbeState, SignalGroup
 
-__all__ = ["AttentionCapture", "AttentionFamily", "head_similarity"]
+__all__ = ["AttentionCapture", "AttentionGroup", "head_similarity"]
 
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ def head_similarity(outputs: torch.Tensor) -> torch.Tensor:
     return (total / (tokens * (tokens - 1))).mean(dim=0)
 
 
-class AttentionFamily(SignalFamily):
+class AttentionGroup(SignalGroup):
     keys = (
         "attn_entropy_min",
         "attn_entropy_mean",
@@ -79,7 +79,7 @@ class AttentionFamily(SignalFamily):
         super().reset()
         self._previous: list[torch.Tensor] | None = None
 
-    def update(self, state: ProbeState) -> AttentionFamily:
+    def update(self, state: ProbeState) -> AttentionGroup:
         captures: list[AttentionCapture] = state.probe_pass.attention if state.probe_pass else []
         if not captures:
             return self

@@ -1,8 +1,8 @@
 """The probe's settings: one flat dataclass, each default with its unit and reason.
 
-A period is a number of optimizer steps between measurements: a family is measured at
+A period is a number of optimizer steps between measurements: a group is measured at
 step ``s`` when ``period > 0 and s % period == 0`` (steps count from 0), and reports
-NaN at the other steps. ``0`` turns a family off.
+NaN at the other steps. ``0`` turns a group off.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ProbeConfig:
     sketch_seed: int = 0  # seeds the probe's own generator: the global RNG is never consumed
     flip_window: int = 10  # steps over which update sign reversals are counted (the seed's 10)
 
-    # --- probe batch (attention family) ---
+    # --- probe batch (attention group) ---
     probe_batch_size: int = 2  # sequences kept from the first training batch: a couple suffice
     probe_seq_len: int = 128  # token-id inputs are cropped to this many positions: bounds the
     # memory of the stored previous attention (layers x heads x T^2 floats)

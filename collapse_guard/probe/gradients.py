@@ -1,4 +1,4 @@
-"""Gradient family: one pass over the gradients, before any clipping.
+"""Gradient group: one pass over the gradients, before any clipping.
 
 ====================  =========================================================
 key                   meaning
@@ -25,9 +25,9 @@ import math
 
 import torch
 
-from collapse_guard.probe.state import Event, ProbeState, SignalFamily
+from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
-__all__ = ["GradientFamily", "unscale_factor"]
+__all__ = ["GradientGroup", "unscale_factor"]
 
 
 def unscale_factor(scaler: object, optimizer: object) -> torch.Tensor | None:
@@ -52,7 +52,7 @@ def _unscaler(unscale: torch.Tensor | None, device: torch.device):
     return lambda x: x * factor
 
 
-class GradientFamily(SignalFamily):
+class GradientGroup(SignalGroup):
     keys = ("grad_norm", "grad_cv", "bottom_grad_norm", "grad_nonfinite")
     period_field = "gradient_every"
     events = frozenset({Event.AFTER_BACKWARD})
@@ -86,7 +86,7 @@ class GradientFamily(SignalFamily):
         bottom = state.bottom_block
         self._bottom_ids = frozenset(id(p) for p in bottom.parameters()) if bottom else frozenset()
 
-    def update(self, state: ProbeState) -> GradientFamily:
+    def update(self, state: ProbeState) -> GradientGroup:
         params = state.trainable()
         self._layout(state, params)
         with_grad = [p for p in params if p.grad is not None]

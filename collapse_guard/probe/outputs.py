@@ -1,6 +1,6 @@
-"""Output families: what the loop hands the probe, and the model's predictions.
+"""Output groups: what the loop hands the probe, and the model's predictions.
 
-:class:`OutputFamily`, every ``output_every`` steps:
+:class:`OutputGroup`, every ``output_every`` steps:
 
 ======================  ========================================================
 key                     meaning
@@ -12,7 +12,7 @@ key                     meaning
                         forward hook on the logits layer (NaN without one)
 ======================  ========================================================
 
-:class:`PredictionFamily`, on the probe batch, with the attention pass
+:class:`PredictionGroup`, on the probe batch, with the attention pass
 (``attention_every`` steps):
 
 ======================  ========================================================
@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import torch
 
-from collapse_guard.probe.state import ProbeState, SignalFamily
+from collapse_guard.probe.state import ProbeState, SignalGroup
 
-__all__ = ["OutputFamily", "PredictionFamily"]
+__all__ = ["OutputGroup", "PredictionGroup"]
 
 
-class OutputFamily(SignalFamily):
+class OutputGroup(SignalGroup):
     keys = ("loss", "loss_nonfinite", "lr", "output_logit_max")
     period_field = "output_every"
 
-    def update(self, state: ProbeState) -> OutputFamily:
+    def update(self, state: ProbeState) -> OutputGroup:
         values: dict[str, torch.Tensor | float] = {"lr": state.lr}
         if state.loss is not None:
             loss = state.loss
@@ -51,11 +51,11 @@ class OutputFamily(SignalFamily):
         return self
 
 
-class PredictionFamily(SignalFamily):
+class PredictionGroup(SignalGroup):
     keys = ("output_entropy", "output_repetition")
     period_field = "attention_every"
 
-    def update(self, state: ProbeState) -> PredictionFamily:
+    def update(self, state: ProbeState) -> PredictionGroup:
         logits = state.probe_pass.logits if state.probe_pass else None
         if logits is None or logits.dim() < 2:
             return self

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module
 
-from collapse_guard.probe.amp import AmpFamily
-from collapse_guard.probe.attention import AttentionFamily
+from collapse_guard.probe.amp import AmpGroup
+from collapse_guard.probe.attention import AttentionGroup
 from collapse_guard.probe.capture import (
     UNREACHED_NONE,
     BatchCapture,
@@ -41,17 +41,17 @@ from collapse_guard.probe.capture import (
     run_probe_pass,
 )
 from collapse_guard.probe.config import ProbeConfig
-from collapse_guard.probe.gradients import GradientFamily
+from collapse_guard.probe.gradients import GradientGroup
 from collapse_guard.probe.layout import find_blocks, find_logits_module
-from collapse_guard.probe.outputs import OutputFamily, PredictionFamily
+from collapse_guard.probe.outputs import OutputGroup, PredictionGroup
 from collapse_guard.probe.recorder import open_writer
-from collapse_guard.probe.sharpness import SharpnessFamily, loss_of
-from collapse_guard.probe.state import Event, ProbeState, SignalFamily, to_floats
-from collapse_guard.probe.system import SystemFamily
-from collapse_guard.probe.updates import UpdateFamily
+from collapse_guard.probe.sharpness import SharpnessGroup, loss_of
+from collapse_guard.probe.state import Event, ProbeState, SignalGroup, to_floats
+from collapse_guard.probe.system import SystemGroup
+from collapse_guard.probe.updates import UpdateGroup
 from collapse_guard.signals import SIGNAL_NAMES
 
-__all__ = ["FAMILIES", "Probe"]
+__all__ = ["GROUPS", "Probe"]
 
 # Parameters and submodules registered on any module since import: a probe walks its
 # model's parameters again only when this moved (the walk costs ~90 us a step on a small
@@ -68,16 +68,16 @@ def _registered(*_: object) -> None:
 _module.register_module_parameter_registration_hook(_registered)
 _module.register_module_module_registration_hook(_registered)
 
-# Every family, in measuring order; together they cover SIGNAL_NAMES exactly.
-FAMILIES: tuple[type[SignalFamily], ...] = (
-    GradientFamily,
-    UpdateFamily,
-    OutputFamily,
-    AmpFamily,
-    AttentionFamily,
-    PredictionFamily,
-    SystemFamily,
-    SharpnessFamily,
+# Every group, in measuring order; together they cover SIGNAL_NAMES exactly.
+GROUPS: tuple[type[SignalGroup], ...] = (
+    GradientGroup,
+    UpdateGroup,
+    OutputGroup,
+    AmpGroup,
+    AttentionGroup,
+    PredictionGroup,
+    SystemGroup,
+    SharpnessGroup,
 )
 
 
@@ -99,7 +99,7 @@ class Probe:
         probe_batch: the fixed probe batch (a tensor, a tuple of args or a dict of
             kwargs for ``model``); default: the first training forward's inputs, cut to
             ``config.probe_batch_size`` sequences of at most ``config.probe_seq_len``.
-        sharpness_closure: ``fn() -> scalar loss`` for the sharpness family.
+        sharpness_closure: ``fn() -> scalar loss`` for the sharpness group.
     """
 
     def __init__(
@@ -148,7 +148,7 @@ class Probe:
             self._batch = normalize_batch(probe_batch)
         else:
             self._capture = BatchCapture(model, config.probe_batch_size, config.probe_seq_len)
-        self.families: tuple[SignalFamily, ...] = tuple(cls(config) for cls in FAMILIES)
+        self.groups: tuple[SignalGroup, ...] = tuple(cls(config) for cls in GROUPS)
         self._loss: torch.Tensor | float | None = None
         self._writer: Any = None
         self._warned_attention = False
@@ -178,8 +178,8 @@ class Probe:
             self._batch = self._capture.batch
         return self._batch
 
-    def _due(self, family: SignalFamily) -> bool:
-        period = getattr(self.config, family.period_field)
+    def _due(self, group: SignalGroup) -> bool:
+        period = getattr(self.config, group.period_field)
         return period > 0 and self.step % period == 0
 
     def _state(self, event: Event, **fields: Any) -> ProbeState:
@@ -209,18 +209,18 @@ class Probe:
     @property
     def tensor_norms(self) -> torch.Tensor | None:
         """This step's gradient norm of every trainable tensor (0 without a gradient), on
-        the device, once ``after_backward`` measured them; None when the gradient family
+        the device, once ``after_backward`` measured them; None when the gradient group
         is not due. The guard clips from these instead of a second pass."""
-        family = self.families[FAMILIES.index(GradientFamily)]
-        return family.tensor_norms if self._due(family) else None
+        group = self.groups[GROUPS.index(GradientGroup)]
+        return group.tensor_norms if self._due(group) else None
 
     def after_backward(self, loss: torch.Tensor | float | None = None) -> None:
         """Call after ``loss.backward()`` (the last micro-batch's), before clipping/step."""
         self._loss = loss
         state = self._state(Event.AFTER_BACKWARD)
-        for family in self.families:
-            if Event.AFTER_BACKWARD in family.events and self._due(family):
-                family.update(state)
+        for group in self.groups:
+            if Event.AFTER_BACKWARD in group.events and self._due(group):
+                group.update(state)
 
     def _loss_closure(self) -> Callable[[], torch.Tensor] | None:
         if self.sharpness_closure is not None:
@@ -244,14 +244,14 @@ class Probe:
         """:meth:`after_step` without its sync: the step's values as they lie (device
         tensors, NaN floats), for a caller that reads them later (the guard, a step on).
         A probe recording with :meth:`record_to` records nothing from this call."""
-        due = [family for family in self.families if self._due(family)]
+        due = [group for group in self.groups if self._due(group)]
         lr = self.optimizer.param_groups[0]["lr"]
         # a tensor lr (capturable optimizers) costs a sync here; plain floats do not
         lr = float(lr)
         probe_pass = self.last_pass = None
-        if any(isinstance(f, (AttentionFamily, PredictionFamily)) for f in due):
+        if any(isinstance(f, (AttentionGroup, PredictionGroup)) for f in due):
             probe_pass = run_probe_pass(self.model, self.probe_batch, self._tap, self.attention_fn)
-            if probe_pass.unreached and any(isinstance(f, AttentionFamily) for f in due):
+            if probe_pass.unreached and any(isinstance(f, AttentionGroup) for f in due):
                 self._warn_unreached(probe_pass.unreached)
             self.last_pass = probe_pass
         state = self._state(
@@ -261,19 +261,19 @@ class Probe:
             loss_closure=self._loss_closure(),
             lr=lr,
         )
-        for family in due:
-            if Event.AFTER_STEP not in family.events:
+        for group in due:
+            if Event.AFTER_STEP not in group.events:
                 continue
-            if family.isolated:
+            if group.isolated:
                 with isolated(self.model, grad=True), self._tap_off():
-                    family.update(state)
+                    group.update(state)
             else:
-                family.update(state)
+                group.update(state)
         pending: dict[str, torch.Tensor | float] = {}
-        for family in due:
-            pending.update(family.pending())
-        for family in self.families:
-            family.clear()
+        for group in due:
+            pending.update(group.pending())
+        for group in self.groups:
+            group.clear()
         self.step += 1
         self._loss = None
         return pending
@@ -288,7 +288,7 @@ class Probe:
         names = (type(m).__name__.lower() for m in self.model.modules() if m is not self.model)
         if why == UNREACHED_NONE and not any(n.endswith(("attention", "attn")) for n in names):
             return
-        names = ", ".join(AttentionFamily.keys)
+        names = ", ".join(AttentionGroup.keys)
         warnings.warn(
             f"collapse-guard probe: {names} are NaN: {why}. This warning is given once.",
             RuntimeWarning,
@@ -319,8 +319,8 @@ class Probe:
 
     def reset(self) -> None:
         """Forget all history (previous updates, attention); the step counter stays."""
-        for family in self.families:
-            family.reset()
+        for group in self.groups:
+            group.reset()
 
     def close(self) -> None:
         """Close the run file (if any) and remove the probe's hooks; safe to call twice."""

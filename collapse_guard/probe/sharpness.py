@@ -1,4 +1,4 @@
-"""Curvature family: the top Hessian eigenvalue, off by default (it costs backward passes).
+"""Curvature group: the top Hessian eigenvalue, off by default (it costs backward passes).
 
 =================  ==============================================================
 key                meaning
@@ -14,8 +14,8 @@ The loss comes from a closure: ``Probe(..., sharpness_closure=fn)`` (or
 ``probe.sharpness_closure = fn``) where ``fn()`` returns a scalar loss on a small batch;
 without one, the probe batch is run through the model and the loss is taken from its
 output (a scalar tensor, the first scalar of a tuple, ``.loss`` or ``["loss"]``). The
-probe runs this family in eval mode with the RNG forked; ``torch.autograd.grad`` never
-touches ``.grad``, so training is untouched. The start vector comes from the family's
+probe runs this group in eval mode with the RNG forked; ``torch.autograd.grad`` never
+touches ``.grad``, so training is untouched. The start vector comes from the group's
 own generator.
 """
 
@@ -26,9 +26,9 @@ import warnings
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from collapse_guard.probe.state import ProbeState, SignalFamily
+from collapse_guard.probe.state import ProbeState, SignalGroup
 
-__all__ = ["SharpnessFamily", "top_eigenvalue"]
+__all__ = ["SharpnessGroup", "top_eigenvalue"]
 
 
 def top_eigenvalue(
@@ -66,7 +66,7 @@ def loss_of(output: object) -> torch.Tensor | None:
     return getattr(output, "loss", None)
 
 
-class SharpnessFamily(SignalFamily):
+class SharpnessGroup(SignalGroup):
     keys = ("sharpness", "sharpness_lr")
     period_field = "sharpness_every"
     isolated = True  # needs grad; the probe gives eval mode and a forked RNG
@@ -87,7 +87,7 @@ class SharpnessFamily(SignalFamily):
                 stacklevel=4,
             )
 
-    def update(self, state: ProbeState) -> SharpnessFamily:
+    def update(self, state: ProbeState) -> SharpnessGroup:
         if state.loss_closure is None:
             self._warn("no loss closure and no probe batch")
             return self

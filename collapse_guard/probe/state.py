@@ -1,4 +1,4 @@
-"""Where the probe's hooks fire, the state they see, and the contract of a signal family.
+"""Where the probe's hooks fire, the state they see, and the contract of a signal group.
 
 The user's loop, with the probe's two calls::
 
@@ -16,9 +16,9 @@ The user's loop, with the probe's two calls::
         optimizer.zero_grad()
         scheduler.step()                     # after after_step, so `lr` is the step's own
 
-A family is a small class: ``update(state) -> self`` measures, ``pending()`` returns
+A group is a small class: ``update(state) -> self`` measures, ``pending()`` returns
 its values as they lie (device tensors, no sync), ``get()`` returns them as floats,
-``reset()`` forgets all history. Families observe; none may change the model, the
+``reset()`` forgets all history. Groups observe; none may change the model, the
 optimizer, the gradients or any random number generator.
 """
 
@@ -35,7 +35,7 @@ from torch import nn
 
 from collapse_guard.probe.config import ProbeConfig
 
-__all__ = ["Event", "ProbeState", "SignalFamily", "to_floats"]
+__all__ = ["Event", "ProbeState", "SignalGroup", "to_floats"]
 
 
 class Event(enum.Enum):
@@ -47,7 +47,7 @@ class Event(enum.Enum):
 
 @dataclass
 class ProbeState:
-    """Everything a family may read at one event; built by the probe, never kept by families."""
+    """Everything a group may read at one event; built by the probe, never kept by groups."""
 
     step: int  # index of the optimizer step being measured, from 0
     event: Event
@@ -65,7 +65,7 @@ class ProbeState:
     # the guard's deferred facts keep every value on the device until the next step
     host_reads: bool = True
     # the model's trainable parameters, listed once per event by the probe (a walk over
-    # the modules costs ~0.3 ms on a small GPT; the families share it)
+    # the modules costs ~0.3 ms on a small GPT; the groups share it)
     params: list | None = None
 
     def trainable(self) -> list:
@@ -75,8 +75,8 @@ class ProbeState:
         return self.params
 
 
-class SignalFamily:
-    """Base of every family: its keys, its period's config field, the events it uses."""
+class SignalGroup:
+    """Base of every group: its keys, its period's config field, the events it uses."""
 
     keys: ClassVar[tuple[str, ...]] = ()
     period_field: ClassVar[str] = ""
@@ -87,9 +87,9 @@ class SignalFamily:
     def __init__(self, config: ProbeConfig | None = None) -> None:
         self.config = config or ProbeConfig()
         self._values: dict[str, torch.Tensor | float] = {}
-        self.reset()  # a family's history starts where reset() leaves it
+        self.reset()  # a group's history starts where reset() leaves it
 
-    def update(self, state: ProbeState) -> SignalFamily:
+    def update(self, state: ProbeState) -> SignalGroup:
         raise NotImplementedError
 
     def pending(self) -> dict[str, torch.Tensor | float]:
@@ -111,7 +111,7 @@ class SignalFamily:
 def to_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
     """Convert values to Python floats with one host transfer per device.
 
-    This is the probe's sync point: the 0-d tensors of every family are stacked and
+    This is the probe's sync point: the 0-d tensors of every group are stacked and
     copied to the host together, instead of one ``.item()`` (one GPU sync) each. CPU
     tensors are read one by one: nothing to sync with, and the stack costs ~13 us a value
     against ~0.7 us for ``float`` (the same exact widening to float64).

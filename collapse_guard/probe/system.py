@@ -1,4 +1,4 @@
-"""System family: the machine's memory and the GPU's power, as the seed monitors them.
+"""System group: the machine's memory and the GPU's power, as the seed monitors them.
 
 ========================  ========================================================
 key                       meaning
@@ -20,9 +20,9 @@ import math
 
 import torch
 
-from collapse_guard.probe.state import ProbeState, SignalFamily
+from collapse_guard.probe.state import ProbeState, SignalGroup
 
-__all__ = ["SystemFamily", "host_mem_available"]
+__all__ = ["SystemGroup", "host_mem_available"]
 
 
 def host_mem_available(path: str = "/proc/meminfo") -> float:
@@ -37,7 +37,7 @@ def host_mem_available(path: str = "/proc/meminfo") -> float:
     return math.nan
 
 
-class SystemFamily(SignalFamily):
+class SystemGroup(SignalGroup):
     keys = ("host_mem_available", "gpu_power_w", "gpu_mem_used")
     period_field = "system_every"
 
@@ -45,7 +45,7 @@ class SystemFamily(SignalFamily):
         super().reset()
         self._nvml_ok = True  # flips to False at the first NVML failure: no retry per step
 
-    def update(self, state: ProbeState) -> SystemFamily:
+    def update(self, state: ProbeState) -> SystemGroup:
         values: dict[str, float] = {"host_mem_available": host_mem_available()}
         device = next((p.device for p in state.model.parameters()), torch.device("cpu"))
         if device.type == "cuda" and self._nvml_ok:

@@ -1,4 +1,4 @@
-"""Update family: parameter updates seen through a fixed random sketch.
+"""Update group: parameter updates seen through a fixed random sketch.
 
 Each trainable tensor contributes ``sketch_size`` coordinates (all of them when it is
 smaller), drawn once with the probe's own ``torch.Generator`` so the global RNG is not
@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from collapse_guard.probe.state import Event, ProbeState, SignalFamily
+from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
-__all__ = ["UpdateFamily"]
+__all__ = ["UpdateGroup"]
 
 # On the CPU the flat gather (one copy of every parameter, then one index_select) beats
 # one index_select a tensor while the tensors are this small on average: measured with
@@ -41,7 +41,7 @@ __all__ = ["UpdateFamily"]
 _FLAT_CPU_MEAN_NUMEL = 8192
 
 
-class UpdateFamily(SignalFamily):
+class UpdateGroup(SignalGroup):
     keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
     period_field = "update_every"
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
@@ -148,7 +148,7 @@ class UpdateFamily(SignalFamily):
         return torch.where(moved.index_select(0, self._segment), update, self._previous), None
 
     @torch.no_grad()
-    def update(self, state: ProbeState) -> UpdateFamily:
+    def update(self, state: ProbeState) -> UpdateGroup:
         params = state.trainable()
         if not params:
             return self

@@ -3,7 +3,7 @@
 Test folders are not packages and each ``conftest.py`` is imported as ``conftest``
 (``tests/support.py``), so the two folders' set-ups are loaded here by path under names of
 their own: the integrations' (no ``datasets`` namespace package before transformers is
-imported; both frameworks required under CI) and the lifecycle's fixtures (a fresh SQLite
+imported; both frameworks required under CI) and the predictor's lifecycle fixtures (a fresh SQLite
 MLflow store per test, the 60 base runs a retrain starts from).
 """
 
@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch and lightgbm (STACK.md)
+# before torch and lightgbm (docs/stack.md, "OpenMP")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 _TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(_TESTS / "lifecycle"))  # lifecycle_models, lifecycle_settings
+sys.path.insert(0, str(_TESTS / "predictor"))  # predictor_settings
+sys.path.insert(0, str(_TESTS / "predictor" / "lifecycle"))  # lifecycle_models
 sys.path.insert(0, str(Path(__file__).parent))  # real_clients
 
 
@@ -33,9 +35,8 @@ def _load(folder: str):
 
 
 _load("integrations")
-_lifecycle = _load("lifecycle")
-empty_store, store = _lifecycle.empty_store, _lifecycle.store
-base_paths, base = _lifecycle.base_paths, _lifecycle.base
+_predictor = _load("predictor")
+empty_store, store = _predictor.empty_store, _predictor.store  # base, base_paths: the root's
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,15 @@ import math
 import mlflow
 import pytest
 from lifecycle_models import never_warning_champion, served
-from lifecycle_settings import TRAINING
+from predictor_settings import LIFECYCLE_TRAINING
 from real_clients import STEPS
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.predictor.core.levels import LEVELS
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
 from collapse_guard.predictor.lifecycle import registry
 from collapse_guard.predictor.lifecycle.retrain import STATE_TAG, retrain
+from collapse_guard.runfiles import read_run
 from collapse_guard.service import RiskClient
 
 pytestmark = pytest.mark.slow  # the three clients train ~45 s once; the retrain test ~60 s
@@ -52,7 +52,7 @@ def test_retrain_ingests_every_client_run_into_the_served_champion(
 ):
     never_warning_champion(base)  # v1: catches nothing, so a working challenger beats it
     folders = [str(run.path.parent) for run in client_runs.values()]
-    result = retrain(folders, base=base, **TRAINING)  # the Trainer's run starts at lr = 0
+    result = retrain(folders, base=base, **LIFECYCLE_TRAINING)  # the Trainer's run starts at lr = 0
     report = result.ingest
     ids = {read_run(run.path)[1].run_id: name for name, run in client_runs.items()}
     assert sorted(report.run_ids) == sorted(ids) and len(report.ingested) == 3

@@ -29,8 +29,8 @@ from collapse_guard.datasets.importers import (
     tabular,
 )
 from collapse_guard.datasets.importers.cli import import_logs_command
-from collapse_guard.datasets.label import LabelRule, label_run
-from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run
+from collapse_guard.runfiles import RUN_COLUMNS, read_meta, read_run
+from collapse_guard.runfiles.label import LabelRule, label_run
 
 REAL = Path(__file__).resolve().parents[3] / "shared" / "realdata"
 needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} not present")

@@ -32,7 +32,7 @@ from collapse_guard.datasets.real.optim import build_optimizer
 from collapse_guard.datasets.real.precision import emulate_precision
 from collapse_guard.datasets.real.runner import run_real, temp_path
 from collapse_guard.datasets.real.sampler import STABLE_EDGE
-from collapse_guard.datasets.runfile import RUN_COLUMNS, read_meta, read_run
+from collapse_guard.runfiles import RUN_COLUMNS, read_meta, read_run
 
 TINY = {"n_layer": 1, "d_model": 32, "seq_len": 32, "batch_size": 4}
 

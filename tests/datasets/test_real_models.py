@@ -163,7 +163,7 @@ def test_rotary_rotation_keeps_norms_and_moves_only_later_positions():
 def test_a_drawn_nanogpt_run_records_its_parts_in_the_run_file(tmp_path):
     from collapse_guard.datasets.real import Focus, sample_config
     from collapse_guard.datasets.real.runner import run_real
-    from collapse_guard.datasets.runfile import read_run
+    from collapse_guard.runfiles import read_run
 
     drawn = sample_config(0, 4, focus=Focus(("nanogpt",), ("adamw",), ("drawn",)))
     # the sweep's own shape and parts, shortened to 30 steps at a safe LR

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collapse_guard.datasets.runfile import RUN_COLUMNS, RunMeta, read_meta, write_run
 from collapse_guard.datasets.synthetic import (
     KINDS,
     SamplerConfig,
@@ -29,6 +28,7 @@ from collapse_guard.datasets.synthetic import (
 from collapse_guard.datasets.synthetic.agreement import onset_agrees
 from collapse_guard.datasets.synthetic.realism import RISE_CAP, run_stats
 from collapse_guard.datasets.synthetic.spec import EXPECTED_LABEL_KIND, RecoveredSpike, RunSpec
+from collapse_guard.runfiles import RUN_COLUMNS, RunMeta, read_meta, write_run
 from collapse_guard.signals import SIGNALS
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collapse_guard.datasets.runfile import RunMeta, RunWriter, read_run
 from collapse_guard.features import FeatureExtractor, RunContext
+from collapse_guard.runfiles import RunMeta, RunWriter, read_run
 from collapse_guard.signals import SIGNAL_NAMES
 
 from .traces import muon_log_run, rewarm_run

@@ -1,4 +1,4 @@
-"""The features part must import without torch (DESIGN.md: dependencies point one way)."""
+"""The features part must import without torch (docs/design.md, "Layout")."""
 
 import subprocess
 import sys

@@ -68,7 +68,7 @@ def ddp_guarded(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             guard = Guard(
-                ddp_model, optimizer, os.path.join(folder, "ckpt"), risk="off", config=config
+                ddp_model, optimizer, os.path.join(folder, "ckpt"), risk="off", policy=config
             )
         yield model, ddp_model, optimizer, Loop(seed=100 + rank), guard
     finally:

@@ -33,7 +33,7 @@ def main(folder: str, steps: int) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     model, opt = tiny_model()
-    guard = Guard(model, opt, folder, risk="off", config=CONFIG)
+    guard = Guard(model, opt, folder, risk="off", policy=CONFIG)
     start = guard.resume() if guard.ring.newest() is not None else 0
     print(f"resume {start}", flush=True)
     for step in range(start, steps):

@@ -9,10 +9,8 @@ import pytest
 import torch
 from guard_helpers import Loop, tiny_model
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard, GuardGaveUp, GuardPolicy, warmup_cosine
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+from collapse_guard.runfiles import read_run
 
 
 def params(model) -> list[torch.Tensor]:
@@ -67,7 +65,7 @@ def _sgd_step_scale(tmp_path, set_lr_every_step: bool, level: str, fixed_risk) -
     policy = GuardPolicy(
         risk_every=1, clip=0.0, warn_clip=0.0, critical_clip=0.0, critical_outlier_z=100.0
     )
-    guard = Guard(model, opt, tmp_path, risk=fixed_risk(level), config=policy)
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk(level), policy=policy)
     loop, ratios = Loop(), []
     for _ in range(30):
         if set_lr_every_step:  # nanoGPT: the loop writes the LR itself every step
@@ -100,7 +98,7 @@ def test_the_lr_multiplier_holds_at_every_step(tmp_path, fixed_risk, set_lr_ever
 def test_warn_tightens_the_global_clip(tmp_path, fixed_risk):
     model, _ = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: only the gradients matter
-    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), config={"risk_every": 1})
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), policy={"risk_every": 1})
     loop = Loop()
     guard.step(loop.loss(model))  # reading asked here, applies next step
     opt.zero_grad()
@@ -116,7 +114,7 @@ def test_warn_tightens_the_global_clip(tmp_path, fixed_risk):
 def test_a_persistent_nonfinite_loss_is_rescued_then_the_guard_gives_up(tmp_path):
     model, opt = tiny_model()
     loop = Loop()
-    guard = Guard(model, opt, tmp_path, risk="off", config={"max_rescues": 2})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"max_rescues": 2})
     for _ in range(12):
         guard.step(loop.loss(model))
         opt.zero_grad()
@@ -134,7 +132,7 @@ def test_a_persistent_nonfinite_loss_is_rescued_then_the_guard_gives_up(tmp_path
 
 def test_batches_skips_what_a_rescue_asked(tmp_path):
     model, opt = tiny_model()
-    guard = Guard(model, opt, tmp_path, risk="off", config={"skip_batches": 7})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"skip_batches": 7})
     guard.pending_skips = 7
     assert list(guard.batches(range(10))) == [7, 8, 9]
     assert not guard.should_skip_batch()
@@ -144,7 +142,7 @@ def test_batches_skips_what_a_rescue_asked(tmp_path):
 def test_an_injected_nan_weight_is_rescued_and_the_run_finishes_healthy(tmp_path):
     model, opt = tiny_model(seed=1)
     loop = Loop(seed=1)
-    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 20})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"checkpoint_every": 20})
     losses = []
     for step in range(150):
         if step == 90:
@@ -178,7 +176,7 @@ def test_a_large_lr_collapse_is_rescued(tmp_path):
     loop = Loop(seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 20})
+        guard = Guard(model, opt, tmp_path, risk="off", policy={"checkpoint_every": 20})
     losses = []
     for step in range(260):
         for group in opt.param_groups:
@@ -218,7 +216,7 @@ def test_a_rescue_caps_the_lr_while_the_loop_keeps_raising_it(tmp_path):
 def test_watch_probes_attention_more_often_and_checkpoints(tmp_path, fixed_risk):
     model, opt = tiny_model()
     policy = {"risk_every": 1, "checkpoint_every": 0, "watch_checkpoint_gap": 5}
-    guard = Guard(model, opt, tmp_path, risk=fixed_risk("watch"), config=policy)
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("watch"), policy=policy)
     loop = Loop()
     decisions = []
     for _ in range(30):
@@ -234,7 +232,7 @@ def test_watch_probes_attention_more_often_and_checkpoints(tmp_path, fixed_risk)
 def test_at_warn_an_outlier_tensor_is_clipped_to_five_times_its_median(tmp_path, fixed_risk):
     model, opt = tiny_model()
     policy = {"risk_every": 1, "clip": 0.0, "warn_clip": 0.0, "critical_clip": 0.0}
-    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), config=policy)
+    guard = Guard(model, opt, tmp_path, risk=fixed_risk("warn"), policy=policy)
     loop = Loop()
     for _ in range(30):
         guard.step(loop.loss(model))
@@ -261,7 +259,7 @@ def test_at_warn_an_outlier_tensor_is_clipped_to_five_times_its_median(tmp_path,
 def test_a_collapse_that_developed_is_capped_at_its_own_factor(tmp_path, collapse):
     model, opt = tiny_model()  # LR 3e-3 throughout: every checkpoint's LR
     config = {"rescue_lr": 0.5, "developed_rescue_lr": 0.25}
-    guard = Guard(model, opt, tmp_path, risk="off", config=config)
+    guard = Guard(model, opt, tmp_path, risk="off", policy=config)
     loop = Loop()
     for step in range(200):
         loss = loop.loss(model)

@@ -22,8 +22,6 @@ from collapse_guard.guard.checkpoints import (
     sidecar,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
-
 
 class Evil:
     """Unpickling this runs code: a malicious checkpoint."""
@@ -81,7 +79,7 @@ def pristine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pristine")
     model, opt = tiny_model()
     loop = Loop()
-    guard = Guard(model, opt, folder, risk="off", config={"checkpoint_every": 5})
+    guard = Guard(model, opt, folder, risk="off", policy={"checkpoint_every": 5})
     for _ in range(31):
         guard.step(loop.loss(model))
         opt.zero_grad()

@@ -10,11 +10,11 @@ import pytest
 import torch
 from guard_helpers import Loop, tiny_model
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.features import RunContext
 from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard import Guard
 from collapse_guard.guard.risk_source import EmbeddedRisk
+from collapse_guard.runfiles import read_run
 from collapse_guard.signals import SIGNAL_NAMES
 
 
@@ -36,7 +36,7 @@ def test_the_ring_window_scores_as_its_frame_does(risk_model):
 def test_the_guard_submits_its_ring_and_reads_a_risk_every_risk_every_steps(tmp_path, risk_model):
     model, optimizer = tiny_model()
     config = {"risk_every": 10}
-    guard = Guard(model, optimizer, tmp_path, risk=risk_model, config=config, preflight=False)
+    guard = Guard(model, optimizer, tmp_path, risk=risk_model, policy=config, preflight=False)
     loop = Loop()
     for _ in range(25):
         guard.step(loop.loss(model))
@@ -82,7 +82,7 @@ def _fused_run(tmp_path, sync: str, steps: int, counter=None, poison=None, **pol
     model, _ = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
     config = {"checkpoint_every": 1000, **policy}  # the first healthy checkpoint only
-    guard = Guard(model, optimizer, tmp_path, risk="off", config=config, sync=sync, preflight=False)
+    guard = Guard(model, optimizer, tmp_path, risk="off", policy=config, sync=sync, preflight=False)
     loop = Loop()
     for step in range(steps):
         x, y = loop.next()

@@ -3,13 +3,10 @@ disk before its first close (the in-process half of test_guard_kill.py)."""
 
 from __future__ import annotations
 
-import pytest
 from guard_helpers import Loop, tiny_model
 
-from collapse_guard.datasets.runfile import read_meta, read_run
 from collapse_guard.guard import Guard
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+from collapse_guard.runfiles import read_meta, read_run
 
 EVERY_STEP = {"checkpoint_every": 1, "healthy_quiet_steps": 0}
 
@@ -23,7 +20,7 @@ def _steps(guard, model, opt, n, seed=0):
 
 def test_every_checkpoint_makes_the_rows_up_to_it_durable(tmp_path):
     model, opt = tiny_model()
-    guard = Guard(model, opt, tmp_path, risk="off", config=EVERY_STEP)
+    guard = Guard(model, opt, tmp_path, risk="off", policy=EVERY_STEP)
     _steps(guard, model, opt, 30)  # far fewer than the writer's 256-row chunk
     # not closed: what a SIGKILL now would leave on disk
     frame = read_run(guard.run_path)[0]
@@ -34,10 +31,10 @@ def test_every_checkpoint_makes_the_rows_up_to_it_durable(tmp_path):
 
 def test_a_resumed_runs_lineage_is_on_disk_from_its_first_chunk(tmp_path):
     model, opt = tiny_model()
-    first = Guard(model, opt, tmp_path, risk="off", config=EVERY_STEP)
+    first = Guard(model, opt, tmp_path, risk="off", policy=EVERY_STEP)
     _steps(first, model, opt, 12)  # killed here: never closed
     model, opt = tiny_model(seed=3)
-    second = Guard(model, opt, tmp_path, risk="off", config=EVERY_STEP)
+    second = Guard(model, opt, tmp_path, risk="off", policy=EVERY_STEP)
     assert second.resume() == 12
     _steps(second, model, opt, 3, seed=1)  # killed midway as well
     meta = read_meta(second.run_path)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 from guard_helpers import Loop, tiny_model
 
 from collapse_guard.guard import Guard
 from collapse_guard.guard.risk_source import ReadingHold, RiskReading
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
 
 
 def test_a_reading_holds_its_level_for_hold_steps_steps():
@@ -48,7 +45,7 @@ class FlickeringRisk:
 def test_the_guard_stays_at_warn_while_the_hold_lasts(tmp_path, risk_model):
     model, opt = tiny_model()
     risk = FlickeringRisk(risk_model.schema)
-    guard = Guard(model, opt, tmp_path, risk=risk, config={"risk_every": 10})
+    guard = Guard(model, opt, tmp_path, risk=risk, policy={"risk_every": 10})
     loop, levels = Loop(), []
     for _ in range(120):
         guard.step(loop.loss(model))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from collapse_guard.datasets.runfile import list_runs, read_meta, read_run
+from collapse_guard.runfiles import list_runs, read_meta, read_run
 
 KILLS = int(os.environ.get("COLLAPSE_GUARD_KILLS", "5"))
 STEPS = 40 + 12 * KILLS  # enough steps that every kill lands in the run

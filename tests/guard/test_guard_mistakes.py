@@ -12,15 +12,13 @@ import torch
 from guard_helpers import Loop, tiny_model
 from torch import nn
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+from collapse_guard.runfiles import read_run
 
 
 def _guard(tmp_path, **config):
     model, opt = tiny_model()
-    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 10, **config})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"checkpoint_every": 10, **config})
     return guard, model, opt
 
 
@@ -103,7 +101,7 @@ class WithUnused(nn.Module):
 def test_a_nan_in_an_unused_parameter_never_goes_into_a_healthy_checkpoint(tmp_path):
     model = WithUnused()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 10})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"checkpoint_every": 10})
     unused = model.unused_row
     loop = Loop()
     with warnings.catch_warnings(record=True) as caught:

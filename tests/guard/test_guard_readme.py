@@ -3,12 +3,9 @@
 import re
 from pathlib import Path
 
-import pytest
-
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
 def test_the_readme_guard_example_runs(tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.DOTALL)
     [block] = [b for b in blocks if "Guard(model, optimizer" in b]

@@ -10,11 +10,9 @@ import pytest
 import torch
 from guard_helpers import Loop, tiny_model
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, load_checkpoint
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+from collapse_guard.runfiles import read_run
 
 
 def _train(guard, model, opt, loop, steps):
@@ -71,7 +69,7 @@ def test_checkpoints_load_with_weights_only_and_refuse_pickled_code(tmp_path):
 def test_resume_keeps_the_guards_history(tmp_path):
     model, opt = tiny_model()
     loop = Loop()
-    guard = Guard(model, opt, tmp_path, risk="off", config={"checkpoint_every": 25})
+    guard = Guard(model, opt, tmp_path, risk="off", policy={"checkpoint_every": 25})
     _train(guard, model, opt, loop, 40)
     guard.force_next("checkpoint")
     _train(guard, model, opt, loop, 1)  # step 40 writes one
@@ -79,7 +77,7 @@ def test_resume_keeps_the_guards_history(tmp_path):
     guard.close()
 
     model2, opt2 = tiny_model(seed=5)  # other weights: the resume must replace them
-    guard2 = Guard(model2, opt2, tmp_path, risk="off", config={"checkpoint_every": 25})
+    guard2 = Guard(model2, opt2, tmp_path, risk="off", policy={"checkpoint_every": 25})
     assert guard2.resume() == 41
     assert all(torch.equal(a, b) for a, b in zip(saved_params, model2.parameters(), strict=True))
     events = guard2.state_dict()["run"]["events"]
@@ -115,7 +113,7 @@ def test_a_service_that_is_down_falls_back_to_the_embedded_model(tmp_path, risk_
 
     client = RiskClient(f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
     model, opt = tiny_model()
-    guard = Guard(model, opt, tmp_path, risk=client, config={"risk_every": 5})
+    guard = Guard(model, opt, tmp_path, risk=client, policy={"risk_every": 5})
     guard.risk.fallback.model = risk_model  # the session's copy: no second 4 s load
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -149,10 +147,10 @@ class _GarbageClient:
 def test_a_garbage_answer_falls_back_too(tmp_path, risk_model):
     import time
 
-    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceRisk
+    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceSource
 
     client = _GarbageClient()
-    source = ServiceRisk(client, EmbeddedRisk(risk_model))
+    source = ServiceSource(client, EmbeddedRisk(risk_model))
     frame = __import__("pandas").DataFrame({"step": range(30), "loss": [2.5] * 30})
     with pytest.warns(RuntimeWarning, match="garbage answer"):
         source.submit(29, frame, None)

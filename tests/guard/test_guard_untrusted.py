@@ -18,11 +18,9 @@ from types import SimpleNamespace
 import pytest
 from guard_helpers import Loop, tiny_model
 
-from collapse_guard.datasets.runfile import read_run
 from collapse_guard.guard import Guard
 from collapse_guard.guard.risk_source import MAX_HOLD_STEPS, GarbageAnswer, read_answer
-
-pytestmark = pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+from collapse_guard.runfiles import read_run
 
 GOOD = {
     "run_id": "run",
@@ -94,7 +92,7 @@ def _guarded(tmp_path, risk_model, result: str, steps: int = 20):
     server = FixedAnswers(result)
     client = RiskClient(server.url, timeout=2.0, top_k=0)
     model, opt = tiny_model()
-    guard = Guard(model, opt, tmp_path, risk=client, config={"risk_every": 5})
+    guard = Guard(model, opt, tmp_path, risk=client, policy={"risk_every": 5})
     guard.risk.fallback.model = risk_model  # the session's copy: no second load
     loop = Loop()
     with warnings.catch_warnings(record=True) as caught:
@@ -135,14 +133,14 @@ def test_a_garbage_200_answer_falls_back_with_one_warning_and_training_goes_on(
 
 
 def _two_readings(risk_model, server: FixedAnswers) -> tuple[list, list[str], int]:
-    """Two windows through ServiceRisk and the real client: the readings, the warnings
+    """Two windows through ServiceSource and the real client: the readings, the warnings
     about levels, and how many answers disagreed."""
     import pandas as pd
 
-    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceRisk
+    from collapse_guard.guard.risk_source import EmbeddedRisk, ServiceSource
     from collapse_guard.service.client import RiskClient
 
-    source = ServiceRisk(RiskClient(server.url, timeout=5.0, top_k=0), EmbeddedRisk(risk_model))
+    source = ServiceSource(RiskClient(server.url, timeout=5.0, top_k=0), EmbeddedRisk(risk_model))
     frame = pd.DataFrame({"step": range(30), "loss": [2.5] * 30})
     readings = []
     with warnings.catch_warnings(record=True) as caught:

@@ -379,7 +379,7 @@ def _guarded(tmp_path, steps: int, mode: str, tau: float, risk="off"):
     model, optimizer = tiny_model(seed=0, lr=1e-2)
     loop = Loop(seed=0)
     config = {"qk_clip": mode, "qk_clip_tau": tau, "risk_every": 1}
-    guard = Guard(model, optimizer, tmp_path, risk=risk, config=config, preflight=False)
+    guard = Guard(model, optimizer, tmp_path, risk=risk, policy=config, preflight=False)
     for _ in range(steps):
         guard.step(loop.loss(model))
         optimizer.zero_grad()
@@ -387,7 +387,7 @@ def _guarded(tmp_path, steps: int, mode: str, tau: float, risk="off"):
 
 
 def test_guarded_loop_clips_records_events_and_keeps_state(tmp_path):
-    from collapse_guard.datasets.runfile import read_run
+    from collapse_guard.runfiles import read_run
 
     # tau 0.01: the tiny GPT's heads peak over it from the start (measured: 0.03-0.6)
     guard, _ = _guarded(tmp_path, 21, "always", tau=0.01)
@@ -405,12 +405,12 @@ def test_guarded_loop_clips_records_events_and_keeps_state(tmp_path):
     torch.save(guard.state_dict(), tmp_path / "state.pt")  # as a checkpoint holds it
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     again = Guard(
-        *tiny_model(seed=1), tmp_path / "b", risk="off", config=guard.policy, record=False
+        *tiny_model(seed=1), tmp_path / "b", risk="off", policy=guard.policy, record=False
     )
     again.load_state_dict(state)
     assert again.qk_pending == guard.qk_pending and again.qk_clips == guard.qk_clips
     # resume from the ring (its newest checkpoint: after step 10, whose pass planned)
-    resumed = Guard(*tiny_model(seed=1), tmp_path, risk="off", config=guard.policy, record=False)
+    resumed = Guard(*tiny_model(seed=1), tmp_path, risk="off", policy=guard.policy, record=False)
     assert resumed.resume() == 11
     assert resumed.qk_pending and resumed.qk_clips == sum(
         e.startswith("qk_clip:") for s, e in guard.events if s <= 10

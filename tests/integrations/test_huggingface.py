@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parameter_snapshots import same, snapshot
+from parameter_snapshots import check_forced_rescue, same, snapshot
 
 pytest.importorskip("accelerate")  # the Trainer refuses to start without it
 transformers = pytest.importorskip("transformers")
 
-from collapse_guard.datasets.runfile import read_run  # noqa: E402
 from collapse_guard.integrations.huggingface import GuardCallback  # noqa: E402
+from collapse_guard.runfiles import read_run  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 
@@ -52,7 +52,7 @@ def train(tmp_path, actions: dict[int, str], steps: int, config=None, scaler=Non
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32
     )
     model = transformers.GPT2LMHeadModel(config_2)
-    guarded = GuardCallback(tmp_path / "guard", risk="off", config=config, preflight=False)
+    guarded = GuardCallback(tmp_path / "guard", risk="off", policy=config, preflight=False)
     drill = Drill(guarded, actions)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
@@ -100,20 +100,7 @@ def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
     actions = {1: "checkpoint", 2: "checkpoint", 4: "rescue"}
     config = {"skip_batches": 2, "rescue_lr": 0.5}
     _, guard, drill = train(tmp_path, actions, steps=9, config=config)
-    # the rollback: the mean of the two checkpoints (the parameters after steps 1 and 2)
-    for got, a, b in zip(drill.after[4], drill.after[1], drill.after[2], strict=True):
-        torch.testing.assert_close(got, (a + b) / 2)
-    assert same(drill.before[5], drill.after[6])  # the next two batches: no update
-    assert not same(drill.before[7], drill.after[7])
-    frame, meta = read_run(guard.run_path)
-    assert frame["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]  # skipped batches are not steps
-    events = frame["event"].iloc[4].split(";")
-    assert events[0] == "rescue:forced" and any(e.startswith("rollback:avg2@") for e in events)
-    assert "skip_batches:2" in events
-    assert frame["lr"].iloc[3] == pytest.approx(1e-3)
-    assert frame["lr"].iloc[5] == pytest.approx(5e-4)  # 1e-3 x the rescue's 0.5
-    assert meta.extra["guard"]["rescues"] == 1
-    assert (guard.folder / "forensics").is_dir()
+    check_forced_rescue(drill, guard, lr=1e-3)
 
 
 @pytest.mark.filterwarnings("ignore:collapse-guard preflight")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parameter_snapshots import same, snapshot
+from parameter_snapshots import check_forced_rescue, same, snapshot
 
 L = pytest.importorskip("lightning.pytorch")
 
-from collapse_guard.datasets.runfile import read_run  # noqa: E402
 from collapse_guard.integrations.lightning import GuardCallback  # noqa: E402
+from collapse_guard.runfiles import read_run  # noqa: E402
 
 
 class Regression(L.LightningModule):
@@ -60,7 +60,7 @@ class Drill(L.Callback):
 
 def fit(tmp_path, actions: dict[int, str], batches: int, config=None, **overrides):
     module = Regression()
-    guarded = GuardCallback(tmp_path / "guard", risk="off", config=config, preflight=False)
+    guarded = GuardCallback(tmp_path / "guard", risk="off", policy=config, preflight=False)
     drill = Drill(guarded, actions)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -104,19 +104,7 @@ def test_a_forced_rescue_rolls_back_skips_batches_and_halves_the_lr(tmp_path):
     # both checkpoints count as one basin whatever their losses: the drill checks the mean
     config = {"skip_batches": 2, "rescue_lr": 0.5, "average_loss_gap": 1e9}
     _, _, guard, drill = fit(tmp_path, actions, batches=9, config=config)
-    # the rollback: the mean of the two checkpoints (the parameters after batches 1 and 2)
-    for got, a, b in zip(drill.after[4], drill.after[1], drill.after[2], strict=True):
-        torch.testing.assert_close(got, (a + b) / 2)
-    assert same(drill.before[5], drill.after[6])  # the next two batches: no update
-    assert not same(drill.before[7], drill.after[7])
-    frame, meta = read_run(guard.run_path)
-    assert frame["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]  # skipped batches are not steps
-    events = frame["event"].iloc[4].split(";")
-    assert events[0] == "rescue:forced" and any(e.startswith("rollback:avg2@") for e in events)
-    assert "skip_batches:2" in events
-    assert frame["lr"].iloc[3] == pytest.approx(1e-2)
-    assert frame["lr"].iloc[5] == pytest.approx(5e-3)  # 1e-2 x the rescue's 0.5
-    assert meta.extra["guard"]["rescues"] == 1
+    check_forced_rescue(drill, guard, lr=1e-2)
 
 
 @pytest.mark.filterwarnings("ignore:collapse-guard preflight")

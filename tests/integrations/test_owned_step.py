@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from collapse_guard.guard import Guard, GuardPolicy
-from collapse_guard.integrations._owned_step import OwnedStep, policy_with_clip
+from collapse_guard.integrations._owned_step import OwnedStep, callback_policy, policy_with_clip
 
 
 def test_the_guard_owns_step_under_a_scheduler_and_gives_it_back(tmp_path):
@@ -61,3 +61,13 @@ def test_the_framework_clipping_bound_becomes_the_guard_clip(config, bound, clip
         policy = policy_with_clip(config, bound, "max_grad_norm")
     assert policy.clip == clip
     assert bool(caught) == warns
+
+
+def test_a_callback_takes_policy_and_its_old_name_config_with_a_warning():
+    given = {"policy": {"clip": 0.5}, "risk": "off"}
+    assert callback_policy(given) == {"clip": 0.5} and given == {"risk": "off"}
+    old = {"config": {"clip": 0.5}}
+    with pytest.warns(DeprecationWarning, match=r"GuardCallback\(config=...\) is deprecated"):
+        assert callback_policy(old) == {"clip": 0.5} and old == {}
+    with pytest.raises(TypeError, match="pass policy= alone"):
+        callback_policy({"policy": {}, "config": {}})

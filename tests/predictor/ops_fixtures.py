@@ -33,7 +33,7 @@ def training(root: Path):
 @functools.cache
 def trained(root: Path):
     """(RiskModel, EvalReport, {split name: RunRecords}) of :func:`training`."""
-    from collapse_guard.datasets.runs import load_runs
+    from collapse_guard.runfiles.records import load_runs
 
     result = training(root)
     by_id = {r.run_id: r for r in load_runs(synthetic_run_paths(root))}

@@ -26,7 +26,7 @@ def token_batches(n: int, batch: int = 4, seq: int = 8, seed: int = 1) -> list:
 
 
 def probed_step(model, optimizer, batch, probe=None, *, before_step=None) -> tuple:
-    """One step of the user's loop of DESIGN.md's public API: ``(record, logits, loss)``.
+    """One step of the user's loop of docs/design.md's "Public API": ``(record, logits, loss)``.
 
     ``before_step()`` runs between ``after_backward`` and the optimizer step (where a
     loop clips). Gradients are left in place, for the test to read or zero.

@@ -138,7 +138,7 @@ def test_config_errors_say_what_to_do():
 
 
 def test_record_to_writes_a_run_file(tmp_path: Path):
-    runfile = pytest.importorskip("collapse_guard.datasets.runfile")
+    runfile = pytest.importorskip("collapse_guard.runfiles")
     model = tiny_gpt()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     probe = Probe(model, optimizer)

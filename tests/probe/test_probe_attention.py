@@ -1,4 +1,4 @@
-"""Attention family: capture without the model's help, and exact values on known cases."""
+"""Attention group: capture without the model's help, and exact values on known cases."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from collapse_guard.guard import Guard
 from collapse_guard.probe import Probe
-from collapse_guard.probe.updates import UpdateFamily
+from collapse_guard.probe.updates import UpdateGroup
 
 
 def test_tensor_norms_cover_every_trainable_tensor_with_zero_for_no_gradient():
@@ -59,25 +59,25 @@ def test_a_guarded_step_makes_one_norm_pass_over_the_gradients(monkeypatch):
 def test_flat_gather_gives_the_per_tensor_sketch_bit_for_bit():
     model = tiny_gpt()
     params = [p for p in model.parameters() if p.requires_grad]
-    family = UpdateFamily()
-    family._setup(params)
-    assert family._flat_index is not None  # small tensors: the flat gather on the CPU too
-    host_index = [None if i is None else i.cpu() for i in family._index]
-    assert torch.equal(family._flat(params, host_index), family._flat_index)
-    flat = family._sketch(params)
-    family._flat_index = None  # the per-tensor path of larger tensors, forced here
-    per_tensor = family._sketch(params)
-    assert len(flat) == len(per_tensor) == len(family._segment)
+    group = UpdateGroup()
+    group._setup(params)
+    assert group._flat_index is not None  # small tensors: the flat gather on the CPU too
+    host_index = [None if i is None else i.cpu() for i in group._index]
+    assert torch.equal(group._flat(params, host_index), group._flat_index)
+    flat = group._sketch(params)
+    group._flat_index = None  # the per-tensor path of larger tensors, forced here
+    per_tensor = group._sketch(params)
+    assert len(flat) == len(per_tensor) == len(group._segment)
     assert torch.equal(flat, per_tensor)
 
 
 def test_the_cpu_gathers_per_tensor_once_tensors_are_large():
     large = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 128))  # 8.3k a tensor
     params = list(large.parameters())
-    family = UpdateFamily()
-    family._setup(params)
-    assert family._flat_index is None
-    assert len(family._sketch(params)) == 2 * 2048 + 2 * 128
+    group = UpdateGroup()
+    group._setup(params)
+    assert group._flat_index is None
+    assert len(group._sketch(params)) == 2 * 2048 + 2 * 128
 
 
 @pytest.mark.parametrize("host_reads", [True, False])
@@ -135,7 +135,7 @@ def _update_records(host_reads: bool, frozen_from: int) -> list[dict[str, float]
             model.blocks[1].mlp[2].weight.grad = None
         probe.after_backward(loss)
         optimizer.step()
-        records.append({k: probe.after_step()[k] for k in UpdateFamily.keys})
+        records.append({k: probe.after_step()[k] for k in UpdateGroup.keys})
         optimizer.zero_grad()
     return records
 

@@ -1,4 +1,4 @@
-"""Gradient family: exact values on constructed gradients, and block discovery."""
+"""Gradient group: exact values on constructed gradients, and block discovery."""
 
 from __future__ import annotations
 

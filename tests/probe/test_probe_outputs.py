@@ -1,4 +1,4 @@
-"""Output, AMP and system families."""
+"""Output, AMP and system groups."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from collapse_guard.probe import Probe, ProbeConfig
 from collapse_guard.probe.capture import ProbePass
-from collapse_guard.probe.outputs import PredictionFamily
+from collapse_guard.probe.outputs import PredictionGroup
 from collapse_guard.probe.state import Event, ProbeState
 from collapse_guard.probe.system import host_mem_available
 
@@ -32,7 +32,7 @@ def test_prediction_entropy_and_repetition_on_known_logits():
     logits[0, 3] = 0.0  # one uniform position: entropy log 3, argmax 0 (first)
     logits[0, 3, 2] = 1e-3  # ... nudged so its argmax is token 2
     state = ProbeState(0, Event.AFTER_STEP, nn.Linear(1, 1), None, probe_pass=ProbePass([], logits))
-    values = PredictionFamily().update(state).get()
+    values = PredictionGroup().update(state).get()
     assert values["output_repetition"] == 0.75
     assert values["output_entropy"] == pytest.approx(math.log(3) / 4, rel=1e-3)
 

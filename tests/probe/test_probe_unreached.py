@@ -12,7 +12,7 @@ from probe_models import tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.probe import Probe, ProbeConfig
-from collapse_guard.probe.attention import AttentionFamily
+from collapse_guard.probe.attention import AttentionGroup
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,9 +51,9 @@ def _records(model: nn.Module, steps: int = 3) -> tuple[list[dict], list[str]]:
 
 def test_eager_attention_warns_once_naming_the_nan_signals_and_the_fix():
     records, said = _records(_llama("eager"))
-    assert all(math.isnan(r[k]) for r in records for k in AttentionFamily.keys)
+    assert all(math.isnan(r[k]) for r in records for k in AttentionGroup.keys)
     assert len(said) == 1  # three probe passes, one warning
-    assert all(k in said[0] for k in AttentionFamily.keys)
+    assert all(k in said[0] for k in AttentionGroup.keys)
     assert "attn_implementation='eager'" in said[0] and "'sdpa'" in said[0]
 
 

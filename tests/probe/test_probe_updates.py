@@ -1,4 +1,4 @@
-"""Update family: consecutive cosines, flip counts and ratios on constructed updates."""
+"""Update group: consecutive cosines, flip counts and ratios on constructed updates."""
 
 from __future__ import annotations
 

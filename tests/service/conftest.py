@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (STACK.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (docs/stack.md, "OpenMP")
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 
 import shutil
@@ -111,7 +111,7 @@ def app_client(tmp_path_factory):
     """The service's ASGI app in process (starlette TestClient), no token, default model."""
     from starlette.testclient import TestClient
 
-    from collapse_guard.service.service import RiskService
+    from collapse_guard.service.server.risk_service import RiskService
 
     reload_file = tmp_path_factory.mktemp("inproc") / "reload.json"
     saved = {k: os.environ.get(k) for k in ("COLLAPSE_GUARD_TOKEN", "COLLAPSE_GUARD_RELOAD_FILE")}

@@ -13,7 +13,8 @@ import json
 import numpy as np
 from helpers import run_json, window
 
-from collapse_guard.service.arrow_codec import RawRun, encode_runs
+from collapse_guard.service.client.arrow_writer import encode_runs
+from collapse_guard.service.client.raw_run import RawRun
 
 __all__ = ["arrow_bases", "json_bases", "mutate"]
 

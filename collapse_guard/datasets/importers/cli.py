@@ -107,8 +107,8 @@ def summary_command(
     """Print a dataset card (runs by source and outcome, onsets, spikes, coverage) and a plot."""
     from rich.console import Console
 
-    from collapse_guard.datasets.runfile import RunFileError
-    from collapse_guard.datasets.summary import plot_card, print_card, summarize
+    from collapse_guard.runfiles.card import plot_card, print_card, summarize
+    from collapse_guard.runfiles.format import RunFileError
 
     console = Console()
     try:

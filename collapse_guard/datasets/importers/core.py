@@ -17,8 +17,10 @@ from pathlib import Path
 
 from collapse_guard.datasets.importers import algoperf, megatron, nanogpt, tabular
 from collapse_guard.datasets.importers.common import LogParseWarning, NothingToImport, ParsedRun
-from collapse_guard.datasets.label import apply_label, label_run
-from collapse_guard.datasets.runfile import RunMeta, read_meta, write_run
+from collapse_guard.runfiles.format import RunMeta
+from collapse_guard.runfiles.label import apply_label, label_run
+from collapse_guard.runfiles.reader import read_meta
+from collapse_guard.runfiles.writer import write_run
 
 __all__ = [
     "FORMATS",

@@ -53,7 +53,7 @@ def real_command(
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before anything imports torch
     from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
     from collapse_guard.datasets.real.sampler import Focus
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles.reader import read_meta
 
     try:
         focus = Focus(_names(recipes), _names(optimizers), _names(families))

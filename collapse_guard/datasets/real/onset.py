@@ -4,7 +4,7 @@ A trigger is a step where an intervention began (``RealRunConfig.triggers``: ste
 a re-warm's start, a fault's first step). A collapse's trigger is the latest one at
 or before its onset. When the onset comes less than ``SUDDEN_WITHIN`` steps after it,
 the collapse is ``sudden``: no forecast can precede it by the evaluation's minimum
-lead (``datasets.label.MIN_LEAD``: an alarm counts only when it comes at least that many
+lead (``runfiles.label.MIN_LEAD``: an alarm counts only when it comes at least that many
 steps before onset), so it belongs to the guard's reactive path. Otherwise it ``develops``.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from collapse_guard.datasets.label import MIN_LEAD
+from collapse_guard.runfiles.label import MIN_LEAD
 
 __all__ = ["SUDDEN_WITHIN", "onset_kind"]
 

@@ -135,9 +135,11 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     """Train one run, record it with the probe, label it and write it to ``path``."""
     import torch
 
-    from collapse_guard.datasets.label import apply_label, label_run
-    from collapse_guard.datasets.runfile import RunMeta, read_run, write_run
     from collapse_guard.probe import Probe
+    from collapse_guard.runfiles.format import RunMeta
+    from collapse_guard.runfiles.label import apply_label, label_run
+    from collapse_guard.runfiles.reader import read_run
+    from collapse_guard.runfiles.writer import write_run
 
     began = time.perf_counter()
     path = Path(path)

@@ -9,7 +9,7 @@ project's label and written as a run file (``source="synthetic"``)::
     paths = generate_synthetic_runs(1000, "runs/synth", seed=0, workers=2)
 
 Modules: ``spec`` (the recipe), ``sampler`` (the mix), ``shapes`` (schedule, ramps,
-spikes), ``traces`` (one builder per signal family), ``amp`` (GradScaler replay),
+spikes), ``traces`` (one builder per signal group), ``amp`` (GradScaler replay),
 ``frame`` (assembly: periods, divergence, gaps), ``generate`` (pool, label, files),
 ``agreement`` (generator vs label), ``realism`` (synthetic vs real statistics),
 ``shortcuts`` (does anything separate synthetic collapses from healthy runs that

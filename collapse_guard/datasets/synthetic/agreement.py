@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.datasets.synthetic.spec import EXPECTED_LABEL_KIND
+from collapse_guard.runfiles import RunMeta
 
 __all__ = ["AgreementReport", "label_agreement", "onset_agrees"]
 

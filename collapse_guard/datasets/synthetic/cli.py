@@ -36,10 +36,10 @@ def synth_command(
     """Generate N labelled synthetic runs into OUT (existing files are kept: resumable)."""
     from rich.console import Console
 
-    from collapse_guard.datasets.runfile import read_meta
     from collapse_guard.datasets.synthetic.agreement import label_agreement
     from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
     from collapse_guard.datasets.synthetic.sampler import SamplerConfig
+    from collapse_guard.runfiles import read_meta
 
     console = Console()
     paths = generate_synthetic_runs(

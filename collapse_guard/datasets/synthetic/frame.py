@@ -1,6 +1,6 @@
-"""Assemble one synthetic run: family traces -> a run frame as the probe records it.
+"""Assemble one synthetic run: signal-group traces -> a run frame as the probe records it.
 
-After the family builders (``traces.py``) this applies, in order: divergence to
+After the signal-group builders (``traces.py``) this applies, in order: divergence to
 non-finite values, the AMP scaler, measurement periods (NaN between probes, from the
 signal table), curvature off, gaps, and the crash that ends some diverged runs.
 """
@@ -12,7 +12,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.runfile import RUN_COLUMNS
 from collapse_guard.datasets.synthetic.amp import replay_grad_scaler
 from collapse_guard.datasets.synthetic.shapes import lr_schedule, make_shapes
 from collapse_guard.datasets.synthetic.spec import RunSpec
@@ -25,17 +24,16 @@ from collapse_guard.datasets.synthetic.traces import (
     system_traces,
     update_traces,
 )
+from collapse_guard.runfiles import RUN_COLUMNS
 from collapse_guard.signals import SIGNALS
 
-__all__ = ["make_frame"]
+__all__ = ["PARAMETER_SIGNALS", "make_frame"]
 
-_FAMILY = {s.name: s.family for s in SIGNALS}
+_GROUP = {s.name: s.group for s in SIGNALS}
 _PERIOD = {s.name: s.period for s in SIGNALS}
-# After a divergence without a scaler the parameters are NaN: everything computed from
-# them (updates, probe-batch forward) is measured and non-finite.
-_NAN_AFTER_DIVERGENCE = (
-    "grad_cv",
-    "bottom_grad_norm",
+# The signals computed from the parameters: the update they took and the probe batch's
+# forward through them (attention, output). The shortcut checks read them too.
+PARAMETER_SIGNALS: tuple[str, ...] = (
     "update_cos",
     "update_flips",
     "update_ratio",
@@ -49,6 +47,9 @@ _NAN_AFTER_DIVERGENCE = (
     "output_entropy",
     "output_repetition",
 )
+# After a divergence without a scaler the parameters are NaN: everything computed from
+# them (updates, probe-batch forward) is measured and non-finite.
+_NAN_AFTER_DIVERGENCE = ("grad_cv", "bottom_grad_norm", *PARAMETER_SIGNALS)
 
 
 def make_frame(spec: RunSpec) -> pd.DataFrame:
@@ -88,8 +89,8 @@ def make_frame(spec: RunSpec) -> pd.DataFrame:
         if gap.what == "rows":
             keep &= ~span
         else:
-            for name, family in _FAMILY.items():
-                if family == gap.what:
+            for name, group in _GROUP.items():
+                if group == gap.what:
                     cols[name] = np.where(span, math.nan, cols[name])
     if spec.truncate_after is not None and spec.onset is not None:
         keep &= steps <= spec.onset + spec.truncate_after

@@ -6,7 +6,7 @@ for i in 0 .. n-1. Each run is drawn from its own ``SeedSequence(seed, spawn_key
 already exists is skipped, so an interrupted call resumes where it stopped.
 
 Workers are the shared *spawn* process pool of ``datasets.parallel`` (fork after
-numpy/OpenMP work can hang the child, ../shared/STACK.md).
+numpy/OpenMP work can hang the child, docs/stack.md, "OpenMP").
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from collapse_guard.datasets.label import apply_label, label_run
 from collapse_guard.datasets.parallel import run_progress, spawn_pool
-from collapse_guard.datasets.runfile import RunMeta, write_run
 from collapse_guard.datasets.synthetic.frame import make_frame
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, run_id, sample_spec
 from collapse_guard.datasets.synthetic.shapes import dataset_spikes
 from collapse_guard.datasets.synthetic.spec import SYNTHETIC_VERSION, RunSpec
+from collapse_guard.runfiles import RunMeta, write_run
+from collapse_guard.runfiles.label import apply_label, label_run
 
 __all__ = ["generate_synthetic_runs", "synth_run"]
 

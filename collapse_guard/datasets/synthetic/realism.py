@@ -72,8 +72,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import ks_2samp
 
-from collapse_guard.datasets.label import HORIZON
-from collapse_guard.datasets.runfile import RunMeta, list_runs, read_run
+from collapse_guard.runfiles import RunMeta, list_runs, read_run
+from collapse_guard.runfiles.label import HORIZON
 
 __all__ = [
     "BOUNDS",
@@ -451,7 +451,7 @@ def make_reference(
 
 def _real_source(paths: list[Path]) -> dict:
     """What generated these real runs: generator, seeds, steps, label version, recipes."""
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles import read_meta
 
     metas = [read_meta(p) for p in paths]
     folders = sorted({str(p.parent) for p in paths})

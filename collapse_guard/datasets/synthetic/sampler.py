@@ -80,7 +80,7 @@ class SamplerConfig:
     amp_share: float = 0.3
     gpu_share: float = 0.5  # of non-AMP runs (AMP runs are on a GPU)
     row_gap_share: float = 0.15  # runs with a stretch of missing rows
-    family_gap_share: float = 0.15  # runs with one signal family unmeasured for a stretch
+    group_gap_share: float = 0.15  # runs with one signal group unmeasured for a stretch
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.kind_weights) - set(COLLAPSE_KINDS))
@@ -286,7 +286,7 @@ def sample_spec(index: int, seed: int = 0, config: SamplerConfig | None = None) 
         start = _place(rng, 50, n, length, avoid)
         if start is not None:
             gaps.append(Gap(start, length, "rows"))
-    if rng.random() < cfg.family_gap_share:
+    if rng.random() < cfg.group_gap_share:
         length = int(rng.integers(100, 1000))
         start = _place(rng, 0, n, length, None)
         if start is not None:

@@ -1,4 +1,4 @@
-"""Time courses shared by the signal families: schedule, ramps, spikes, smooth noise.
+"""Time courses shared by the signal groups: schedule, ramps, spikes, smooth noise.
 
 Every function is vectorised over the step axis ``t`` (float array, 0 .. n-1) and
 draws no randomness except through the generator it is handed, so one run costs a
@@ -80,7 +80,7 @@ def smooth_noise(rng: np.random.Generator, n: int, tau: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Shapes:
-    """Unit time courses of one run; each family scales them with its own constants."""
+    """Unit time courses of one run; each signal group scales them with its own constants."""
 
     pre: np.ndarray  # 0 until onset - lead, rises (quadratically) to 1 at onset, then 1
     post: np.ndarray  # 0 until onset, smoothstep to 1 over rise_steps, then 1

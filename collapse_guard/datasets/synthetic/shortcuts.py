@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
+from collapse_guard.datasets.synthetic.frame import PARAMETER_SIGNALS
 from collapse_guard.datasets.synthetic.generate import synth_run
 from collapse_guard.datasets.synthetic.realism import SETTLE_FRAC
 from collapse_guard.datasets.synthetic.sampler import SamplerConfig, sample_spec
@@ -66,8 +67,8 @@ __all__ = [
 ]
 
 WINDOW = DEFAULT_WINDOW  # what the predictor's features read of a run: its last steps
-# Signals whose level depends on the model's size or family (DESIGN.md "scale-free"):
-# their statistics are taken on log10, so a constant factor drops out.
+# Signals whose level depends on the model's size or family (docs/design.md, "Features":
+# scale-free): their statistics are taken on log10, so a constant factor drops out.
 LOG_SIGNALS: tuple[str, ...] = (
     "param_norm",
     "grad_norm",
@@ -98,18 +99,7 @@ SIGNALS_READ: tuple[str, ...] = (
     "grad_norm",
     "bottom_grad_norm",
     "grad_cv",
-    "update_cos",
-    "update_flips",
-    "update_ratio",
-    "param_norm",
-    "attn_kl",
-    "attn_saturation",
-    "attn_entropy_min",
-    "attn_entropy_mean",
-    "attn_logit_max",
-    "output_logit_max",
-    "output_entropy",
-    "output_repetition",
+    *PARAMETER_SIGNALS,
     "loss_scale",
     "overflow",
     # derived: log10(bottom_grad_norm / grad_norm), the bottom block's share (last)

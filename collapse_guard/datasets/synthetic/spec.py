@@ -76,11 +76,11 @@ class RecoveredSpike:
 
 @dataclass(frozen=True)
 class Gap:
-    """A stretch the probe did not record: rows missing, or one family unmeasured."""
+    """A stretch the probe did not record: rows missing, or one signal group unmeasured."""
 
     start: int
     length: int
-    what: str  # "rows" (no rows at all) or a signal family name ("attention", "update", ...)
+    what: str  # "rows" (no rows at all) or a signal group name ("attention", "update", ...)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Signal traces per family, as the probe would measure them on a small byte-level model.
+"""Signal traces per signal group, as the probe would measure them on a small byte-level model.
 
 Each builder takes one :class:`Ctx` (the run's spec, steps, LR, unit shapes and noise
 generator) and returns ``{signal name: array over every step}``; measurement periods,
@@ -38,7 +38,7 @@ __all__ = [
 
 @dataclass
 class Ctx:
-    """Everything a family builder reads; ``loss_clean`` is set by :func:`loss_trace`."""
+    """Everything a signal-group builder reads; ``loss_clean`` is set by :func:`loss_trace`."""
 
     spec: RunSpec
     t: np.ndarray  # steps as float
@@ -55,7 +55,7 @@ class Ctx:
         """``(kind, drift, drift_kept)`` of each collapse kind whose precursors show.
 
         A collapse shows its own kind's (both shapes are ``sh.pre``), a healthy run its
-        decoys' kinds (see ``Shapes.drift``). Each family applies a kind's precursors
+        decoys' kinds (see ``Shapes.drift``). Each group applies a kind's precursors
         in one branch for both, so a decoy is the very precursor a collapse carries;
         what happens after onset reads ``sh.post``, ``sh.late`` and ``sh.after``,
         which are zero in a healthy run.

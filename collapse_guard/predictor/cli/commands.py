@@ -11,7 +11,7 @@ Heavy imports (mlflow, lightgbm, pandas, dask) happen inside the bodies, so that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,9 @@ from collapse_guard.predictor.cli.tables import (
     print_report,
 )
 from collapse_guard.predictor.core.model_source import MODEL_HELP, load_risk_model
+
+if TYPE_CHECKING:
+    from collapse_guard.predictor.core.levels import Level
 
 __all__ = ["evaluate_command", "predict_command", "train_command"]
 
@@ -64,10 +67,10 @@ def train_command(
 
     from rich.console import Console
 
-    from collapse_guard.datasets.runs import find_run_files
     from collapse_guard.predictor.core import store
     from collapse_guard.predictor.lifecycle import registry
     from collapse_guard.predictor.training.train import train_risk_model
+    from collapse_guard.runfiles.records import find_run_files
 
     config = train_config(seed=seed, stride=stride, hold_steps=hold_steps)
     console = Console()
@@ -148,10 +151,10 @@ def evaluate_command(
     """
     from rich.console import Console
 
-    from collapse_guard.datasets.runs import find_run_files, load_runs
     from collapse_guard.predictor.core.seen_runs import SeenRuns
     from collapse_guard.predictor.evaluate import evaluate_runs
     from collapse_guard.predictor.evaluate.baselines import default_baselines
+    from collapse_guard.runfiles.records import find_run_files, load_runs
 
     console = Console()
     if budget <= 0:
@@ -252,7 +255,7 @@ def _leave_one_out(console, records, grouping: str, config, *, synthetic: bool) 
         console.print(holdout_groups_table(holdout, by, title))
 
 
-def _first_crossings(risk, thresholds: dict) -> dict[str, int | None]:
+def _first_crossings(risk, thresholds: dict) -> dict[Level, int | None]:
     from collapse_guard.predictor.core.levels import LEVELS, alarm_starts
 
     out = {}
@@ -274,9 +277,9 @@ def predict_command(
     from rich.console import Console
     from rich.table import Table
 
-    from collapse_guard.datasets.runfile import read_run
-    from collapse_guard.datasets.summary import outcome
     from collapse_guard.predictor.evaluate.plots import run_risk_plot
+    from collapse_guard.runfiles import read_run
+    from collapse_guard.runfiles.card import outcome
 
     if plot is not None and not plot.parent.is_dir():  # before the scoring; never made here
         raise UserInputError(

@@ -54,7 +54,7 @@ def _print_rejected(console, runs: list[str], base: Path) -> None:
     # skipped: a user who fixes the error would otherwise meet them only at the next
     # success. Ingest is idempotent, so asking again rejects the same files and writes
     # nothing; with nothing ingested, the error itself lists them.
-    from collapse_guard.datasets.ingest import IngestReport, ingest_runs
+    from collapse_guard.runfiles.ingest import IngestReport, ingest_runs
 
     try:
         report = ingest_runs(runs, base)

@@ -43,6 +43,9 @@ def _scorer_table(report, title: str, source: str = "all"):
     from rich import box
     from rich.table import Table
 
+    from collapse_guard.predictor.core.levels import WARN
+    from collapse_guard.predictor.evaluate.scorer import LEVEL_POINT, level_point
+
     # SIMPLE_HEAD and short headers: the table must fit 80 columns (rich's width off a tty)
     table = Table(title=title, caption=_FITTED_NOTE, box=box.SIMPLE_HEAD, pad_edge=False)
     headers = ("scorer", "point", "set on", "rec", "hit", "lead", "FA")
@@ -55,10 +58,10 @@ def _scorer_table(report, title: str, source: str = "all"):
     fitted = frame[frame["fitted_on"] == "test"]
     for part in (stored, fitted):
         for r in part.itertuples():
-            headline = r.scorer == "model" and r.operating_point == "level:warn"
+            headline = r.scorer == "model" and r.operating_point == level_point(WARN)
             table.add_row(
                 r.scorer,
-                r.operating_point.removeprefix("level:"),
+                r.operating_point.removeprefix(LEVEL_POINT),
                 _FITTED_ON[r.fitted_on],
                 _fmt(r.recall, 2),
                 f"{r.caught}/{r.n_collapsed}",

@@ -32,6 +32,7 @@ check and promotion both apply.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 
@@ -41,9 +42,14 @@ from collapse_guard.errors import UserInputError
 
 __all__ = [
     "BUDGET_FACTOR",
+    "CRITICAL",
     "DEFAULT_BUDGETS",
     "LEVELS",
+    "OK",
     "RISK_LEVELS",
+    "WARN",
+    "WATCH",
+    "Level",
     "alarm_starts",
     "allowed_false_alarms",
     "episode_counts",
@@ -53,9 +59,80 @@ __all__ = [
     "thresholds_from_budgets",
 ]
 
-LEVELS: tuple[str, ...] = ("watch", "warn", "critical")
-# the levels a risk reading can have: below the lowest threshold ("ok"), or an alarm level
-RISK_LEVELS: tuple[str, ...] = ("ok", *LEVELS)
+
+@enum.unique
+class Level(str, enum.Enum):
+    """A risk reading's level, ordered by severity: ``level >= WARN`` means warn or above.
+
+    A ``str`` enum, so a level is its own name on the wire, in JSON, in a run file's
+    events and in a model's stored thresholds (``Level.WARN == "warn"``); the order is
+    the one defined here, never the strings' (``"watch" > "warn"`` alphabetically). Order
+    comparisons take a ``Level`` or a level's name; anything else is a ``TypeError``.
+    """
+
+    OK = "ok"  # below the lowest threshold
+    WATCH = "watch"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+    @classmethod
+    def parse(cls, value: object) -> Level:
+        """``value`` as a Level, or a :class:`UserInputError` that names the four."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = [level.value for level in cls]
+            raise UserInputError(
+                f"level {value!r} is not one of {names}",
+                "use one of those names (the lowest, 'ok', is no alarm)",
+            ) from None
+
+    @property
+    def rank(self) -> int:
+        """0 for ok up to 3 for critical."""
+        return _RANK[self]
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def _other_rank(self, other: object) -> int:
+        if isinstance(other, str):
+            return Level.parse(other).rank
+        return NotImplemented
+
+    def __lt__(self, other: object) -> bool:
+        rank = self._other_rank(other)
+        return rank if rank is NotImplemented else self.rank < rank
+
+    def __le__(self, other: object) -> bool:
+        rank = self._other_rank(other)
+        return rank if rank is NotImplemented else self.rank <= rank
+
+    def __gt__(self, other: object) -> bool:
+        rank = self._other_rank(other)
+        return rank if rank is NotImplemented else self.rank > rank
+
+    def __ge__(self, other: object) -> bool:
+        rank = self._other_rank(other)
+        return rank if rank is NotImplemented else self.rank >= rank
+
+    __hash__ = str.__hash__
+
+
+_RANK = {level: i for i, level in enumerate(Level)}
+OK, WATCH, WARN, CRITICAL = Level.OK, Level.WATCH, Level.WARN, Level.CRITICAL
+# the alarm levels, each with a threshold and a budget, lowest first
+LEVELS: tuple[Level, ...] = (WATCH, WARN, CRITICAL)
+# the levels a risk reading can have: below the lowest threshold (OK), or an alarm level
+RISK_LEVELS: tuple[Level, ...] = (OK, *LEVELS)
+# Dicts by level (thresholds, budgets, evidence) are keyed by the levels' names, plain
+# strings: a Level key would print as its repr and sort by severity under json's
+# sort_keys, which would change every stored model file and fingerprint.
 
 # healthy steps between false alarms, per level (see the module docstring)
 DEFAULT_BUDGETS: dict[str, int] = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
@@ -159,8 +236,9 @@ def thresholds_from_budgets(
     with budgets increasing from watch to critical.
     """
     if set(budgets) != set(LEVELS):
+        names = [level.value for level in LEVELS]  # a list of Levels would print reprs
         raise ValueError(
-            f"budgets must name exactly {list(LEVELS)}; got {sorted(budgets)}. "
+            f"budgets must name exactly {names}; got {sorted(map(str, budgets))}. "
             f"Fix: pass e.g. {DEFAULT_BUDGETS}"
         )
     values = [float(budgets[level]) for level in LEVELS]
@@ -182,15 +260,15 @@ def thresholds_from_budgets(
         allowed = math.floor(total_steps / budget)
         # max() keeps the levels ordered even where ties make two budgets land together
         floor = max(floor, threshold_for_episodes(healthy_scores, allowed))
-        out[level] = floor
+        out[level.value] = floor
     return out
 
 
-def level_of(p: float, thresholds: Mapping[str, float]) -> str:
-    """ "ok", "watch", "warn" or "critical": the highest level whose threshold p reaches."""
+def level_of(p: float, thresholds: Mapping[str, float]) -> Level:
+    """OK, WATCH, WARN or CRITICAL: the highest level whose threshold p reaches."""
     if p is None or not math.isfinite(p):
-        return "ok"
-    current = "ok"
+        return OK
+    current = OK
     for level in LEVELS:
         if p >= thresholds[level]:
             current = level

@@ -22,7 +22,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from collapse_guard.datasets.label import HORIZON
+from collapse_guard.runfiles.label import HORIZON
 
 __all__ = ["DEFAULT_STRIDE", "CollapsePredictor", "FeatureMismatchError", "check_feature_names"]
 
@@ -75,7 +75,7 @@ class CollapsePredictor(ClassifierMixin, BaseEstimator):
         early_stopping_rounds: stop when the validation log loss has not improved for
             this many rounds (only with ``eval_set``).
         horizon: steps ahead the targets look (stored as ``horizon_``; descriptive).
-        n_jobs: LightGBM threads (1 on shared machines; see ../shared/STACK.md).
+        n_jobs: LightGBM threads (1 on shared machines; docs/stack.md, "OpenMP").
         random_state: seed for bagging and feature sampling.
     """
 

@@ -28,7 +28,7 @@ bound (Garwood 1936) puts the rate below ``chi2.ppf(c, 2e + 2) / (2N)`` with con
    as ``certified: false`` with the steps that would certify it.
 
 Runs that collapsed are refused (a false-alarm level is set on healthy steps only; a run
-without a label is labelled here by ``datasets.label``), and so are runs the model trained
+without a label is labelled here by ``runfiles.label``), and so are runs the model trained
 on (their risks are what the model learned, not what a new run will give; its validation
 runs are allowed: levels were set on them before).
 The result is a model version like any other: saved, loaded, served, registered in MLflow
@@ -43,21 +43,37 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
 from scipy.stats import chi2
 
-from collapse_guard.datasets.label import label_run
-from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.datasets.runs import RunRecord, find_run_files, load_runs
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.core.levels import LEVELS, episode_counts
+from collapse_guard.predictor.core.levels import LEVELS, Level, episode_counts
 from collapse_guard.predictor.core.seen_runs import SeenRuns, merged_ids, stored_ids
+from collapse_guard.runfiles import RunMeta
+from collapse_guard.runfiles.label import label_run
+from collapse_guard.runfiles.records import RunRecord, find_run_files, load_runs
 
-if TYPE_CHECKING:  # risk.py imports this module for RiskModel.calibrate
-    from collapse_guard.predictor.core.risk import RiskModel
+
+class _Model(Protocol):
+    """What :func:`calibrate` reads of a ``RiskModel`` and hands its constructor. Not the
+    class itself: ``RiskModel.calibrate`` imports this module, and naming the class here,
+    even for type checkers only, would close an import circle."""
+
+    booster: Any
+    schema: Any
+    calibrator: Any
+    horizon: int
+    hold_steps: int
+    budgets: Mapping[str, float]
+    meta: dict[str, Any]
+
+    def predict_run(self, frame: pd.DataFrame, *, steps: Any = None) -> pd.Series: ...
+
+
+Model = TypeVar("Model", bound=_Model)
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -85,7 +101,7 @@ _EPS = 1e-9  # log-odds of probabilities this close to 0 or 1 stay finite
 class LevelEvidence:
     """How one level was set: its threshold, and what backs it."""
 
-    level: str
+    level: Level
     budget: float  # healthy steps between false alarms the level is set for
     threshold: float
     healthy_steps: int  # healthy steps of the calibration runs
@@ -94,7 +110,7 @@ class LevelEvidence:
     steps_needed: int  # healthy steps that would certify the budget with no episode
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "level": self.level.value}  # the name, as stored
 
 
 def steps_needed(budget: float, confidence: float = DEFAULT_CONFIDENCE) -> int:
@@ -181,7 +197,9 @@ def healthy_levels(
             threshold = _expit(top + slope * math.log10(needed / steps))
         floor = max(floor, threshold)
         (episodes,) = episode_counts(cleaned, np.array([floor]))
-        out[level] = LevelEvidence(level, budget, floor, steps, int(episodes), certified, needed)
+        out[level.value] = LevelEvidence(
+            level, budget, floor, steps, int(episodes), certified, needed
+        )
     return out
 
 
@@ -224,7 +242,7 @@ def _refuse_collapsed(records: Sequence[RunRecord]) -> None:
         )
 
 
-def _refuse_trained_on(model: RiskModel, records: Sequence[RunRecord]) -> None:
+def _refuse_trained_on(model: _Model, records: Sequence[RunRecord]) -> None:
     seen = SeenRuns.from_meta(model.meta)
     known = [r.run_id for r in records if seen.role_of(r.run_id) == "train"]
     if known:
@@ -237,12 +255,12 @@ def _refuse_trained_on(model: RiskModel, records: Sequence[RunRecord]) -> None:
 
 
 def calibrate(
-    model: RiskModel,
+    model: Model,
     runs: RunsLike,
     *,
     budgets: Mapping[str, float] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> RiskModel:
+) -> Model:
     """A copy of ``model`` whose levels hold their budgets on the healthy ``runs``.
 
     ``runs``: run files or folders of them, ``RunRecord``s or frames (``step`` + signals).

@@ -41,7 +41,7 @@ from collapse_guard.features import FEATURE_VERSION, FeatureExtractor, FeatureSc
 from collapse_guard.predictor.core import store
 from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.hold import hold_risk
-from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, LEVELS, level_of
+from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, LEVELS, Level, level_of
 from collapse_guard.predictor.core.model import check_feature_names
 
 __all__ = [
@@ -87,9 +87,10 @@ class RiskModel:
         self.booster = booster
         self.schema = schema
         self.calibrator = calibrator
-        self._thresholds = {k: float(v) for k, v in thresholds.items()}
+        # keyed by the levels' names, whatever the caller's keys (levels.py says why)
+        self._thresholds = {str(k): float(v) for k, v in thresholds.items()}
         self.horizon = int(horizon)
-        self.budgets = dict(budgets)
+        self.budgets = {str(k): v for k, v in budgets.items()}
         self.hold_steps = int(hold_steps)
         self.extractor = FeatureExtractor(window=schema.window, signals=schema.signals)
         self.meta = {
@@ -111,10 +112,11 @@ class RiskModel:
     def with_thresholds(self, thresholds: Mapping[str, float]) -> RiskModel:
         """Set the level thresholds (all of LEVELS) and return self."""
         if set(thresholds) != set(LEVELS):
+            names = [level.value for level in LEVELS]  # a list of Levels would print reprs
             raise ValueError(
-                f"thresholds must name exactly {list(LEVELS)}; got {sorted(thresholds)}"
+                f"thresholds must name exactly {names}; got {sorted(map(str, thresholds))}"
             )
-        self._thresholds = {k: float(thresholds[k]) for k in LEVELS}
+        self._thresholds = {level.value: float(thresholds[level]) for level in LEVELS}
         return self
 
     def calibrate(
@@ -137,8 +139,8 @@ class RiskModel:
             confidence = recalibrate.DEFAULT_CONFIDENCE
         return recalibrate.calibrate(self, runs, budgets=budgets, confidence=confidence)
 
-    def level(self, p: float) -> str:
-        """ "ok", "watch", "warn" or "critical" for a calibrated probability ``p``."""
+    def level(self, p: float) -> Level:
+        """OK, WATCH, WARN or CRITICAL for a calibrated probability ``p``."""
         if not self._thresholds:
             raise RuntimeError("this model has no level thresholds yet; set them with_thresholds()")
         return level_of(p, self._thresholds)
@@ -158,7 +160,7 @@ class RiskModel:
             )
         if X.shape[0] == 0:
             return np.empty(0)
-        # one thread: single rows are 400x faster, batches barely slower (STACK.md)
+        # one thread: single rows are 400x faster, batches barely slower (docs/stack.md, "OpenMP")
         return self.booster.predict(X, num_threads=1)
 
     def predict_features(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Which runs a model has seen: stored in its meta at training, checked before evaluation.
 
-A model is graded only on runs it never trained or validated on (DESIGN.md "Predictor").
+A model is graded only on runs it never trained or validated on (docs/design.md, "Predictor").
 ``train_risk_model`` stores the ids of its training and validation runs in the model's
 meta, under ``train_run_ids`` and ``validation_run_ids``; ``evaluate`` and the benchmark
 read them back with :meth:`SeenRuns.from_meta` and refuse (or set apart) those runs.

@@ -1,4 +1,4 @@
-"""Event-level evaluation, as a user lives it (DESIGN.md "Predictor"), one module per job.
+"""Event-level evaluation, as a user lives it (docs/design.md, "Predictor"), one module per job.
 
 =================  ====================================================================
 module             job
@@ -56,12 +56,13 @@ from collapse_guard.predictor.evaluate.report import (
     evaluate_runs,
     scored_runs,
 )
-from collapse_guard.predictor.evaluate.scorer import ModelScorer, Scorer
+from collapse_guard.predictor.evaluate.scorer import LEVEL_POINT, ModelScorer, Scorer, level_point
 
 __all__ = [
     "COLLAPSE_GROUPINGS",
     "GROUPINGS",
     "HEADLINE",
+    "LEVEL_POINT",
     "MIN_LEAD",
     "NEVER_HELD_OUT",
     "SETUP_GROUPINGS",
@@ -83,6 +84,7 @@ __all__ = [
     "group_metrics",
     "healthy_sequences",
     "kind_of",
+    "level_point",
     "row_metrics",
     "run_groups",
     "run_outcome",

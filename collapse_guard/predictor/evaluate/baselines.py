@@ -52,10 +52,10 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.label import HORIZON, collapse_targets
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE, CollapsePredictor
 from collapse_guard.predictor.evaluate.events import threshold_at_budget
 from collapse_guard.predictor.evaluate.report import scored_runs
+from collapse_guard.runfiles.label import HORIZON, collapse_targets
 from collapse_guard.signals import signal
 
 __all__ = [

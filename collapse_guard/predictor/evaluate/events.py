@@ -2,7 +2,7 @@
 
 Every scorer gives a score at *every* recorded step of a run; a threshold turns scores
 into alarms, and consecutive alarmed steps are one alarm episode. Then, with H the
-horizon (DESIGN.md "Predictor"):
+horizon (docs/design.md, "Predictor"):
 
 - a collapse is *caught* when the first alarmed step in the H steps before onset,
   [onset - H, onset), comes at least ``min_lead`` (``MIN_LEAD``) steps before onset. An episode
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from collapse_guard.datasets.label import HORIZON, MIN_LEAD, collapse_targets
 from collapse_guard.predictor.core.levels import alarm_starts, threshold_for_episodes
+from collapse_guard.runfiles.label import HORIZON, MIN_LEAD, collapse_targets
 
 __all__ = [
     "MIN_LEAD",
@@ -212,7 +212,7 @@ def row_metrics(
     """Average precision, ROC-AUC (and Brier when scores are probabilities) over pre-onset rows.
 
     A row's target is 1 when onset lies within the next H steps
-    (``datasets.label.collapse_targets``); rows at and after onset are left out.
+    (``runfiles.label.collapse_targets``); rows at and after onset are left out.
     """
     ys, ss = [], []
     for run in runs:

@@ -32,13 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from collapse_guard.datasets.label import HORIZON
 from collapse_guard.predictor.evaluate.events import (
     MIN_LEAD,
     EventResult,
     ScoredRun,
     event_metrics,
 )
+from collapse_guard.runfiles.label import HORIZON
 
 __all__ = [
     "COLLAPSE_GROUPINGS",

@@ -18,7 +18,8 @@ from matplotlib.figure import Figure
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import brier_score_loss, precision_recall_curve
 
-from collapse_guard.datasets.label import HORIZON, MIN_LEAD
+from collapse_guard.predictor.core.levels import CRITICAL, WARN, WATCH
+from collapse_guard.runfiles.label import HORIZON, MIN_LEAD
 
 __all__ = [
     "baseline_table",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 # Level colours, shared by the run plot's threshold lines and alarm marks.
-_LEVEL_COLOURS = {"watch": "#e0b000", "warn": "#e07000", "critical": "#c00000"}
+_LEVEL_COLOURS = {WATCH: "#e0b000", WARN: "#e07000", CRITICAL: "#c00000"}
 # Signals drawn under the loss in the run plot when present: the ones that move first.
 _KEY_SIGNALS = ("grad_norm", "update_ratio", "attn_logit_max", "output_logit_max", "grad_cv")
 _DPI = 110

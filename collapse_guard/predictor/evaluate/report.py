@@ -36,8 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.label import HORIZON
-from collapse_guard.predictor.core.levels import allowed_false_alarms, per_10k
+from collapse_guard.predictor.core.levels import WARN, allowed_false_alarms, per_10k
 from collapse_guard.predictor.evaluate.events import (
     MIN_LEAD,
     EventResult,
@@ -53,7 +52,8 @@ from collapse_guard.predictor.evaluate.groups import (
     group_metrics,
     run_groups,
 )
-from collapse_guard.predictor.evaluate.scorer import ModelScorer, Scorer
+from collapse_guard.predictor.evaluate.scorer import LEVEL_POINT, ModelScorer, Scorer, level_point
+from collapse_guard.runfiles.label import HORIZON
 
 __all__ = [
     "HEADLINE",
@@ -213,7 +213,7 @@ class EvalReport:
         """A scorer's out-of-sample point: the stored ``level:warn``, else its ``native``
         rule, else (a scorer with neither) the ROC-like ``budget``."""
         points = {r.operating_point for r in self.results if r.scorer == scorer}
-        for point in ("level:warn", "native"):
+        for point in (level_point(WARN), "native"):
             if point in points:
                 return point
         return "budget"
@@ -420,9 +420,9 @@ def evaluate_runs(
 def _budget_checks(report: EvalReport, budgets: Mapping[str, float]) -> list[BudgetCheck]:
     checks = []
     for r in report.results:
-        if r.scorer != "model" or not r.operating_point.startswith("level:"):
+        if r.scorer != "model" or not r.operating_point.startswith(LEVEL_POINT):
             continue
-        level = r.operating_point.removeprefix("level:")
+        level = r.operating_point.removeprefix(LEVEL_POINT)
         if level not in budgets:
             continue
         checks.append(

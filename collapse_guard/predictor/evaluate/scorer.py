@@ -8,7 +8,16 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
-__all__ = ["ModelScorer", "Scorer"]
+from collapse_guard.predictor.core.levels import Level
+
+__all__ = ["LEVEL_POINT", "ModelScorer", "Scorer", "level_point"]
+
+LEVEL_POINT = "level:"  # what names a model's stored level as an operating point
+
+
+def level_point(level: Level | str) -> str:
+    """The operating point of a model's stored ``level``: ``level:warn`` for WARN."""
+    return f"{LEVEL_POINT}{level}"
 
 
 @runtime_checkable
@@ -63,7 +72,7 @@ class ModelScorer:
     def operating_points(self) -> dict[str, float]:
         if self.model is None:
             return {}
-        return {f"level:{k}": float(v) for k, v in self.model.thresholds.items()}
+        return {level_point(k): float(v) for k, v in self.model.thresholds.items()}
 
     def alarm_run(self, frame: pd.DataFrame) -> None:
         return None

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.runfile import RunMeta
 from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.core.store import use_store
+from collapse_guard.runfiles import RunMeta
 
 __all__ = [
     "BENCHMARK_CONTEXT",

@@ -48,7 +48,7 @@ def folder_bytes(folder: Path) -> int:
 
 
 def _data_counts(paths: Sequence[Path]) -> dict[str, int]:
-    from collapse_guard.datasets.runfile import read_meta
+    from collapse_guard.runfiles import read_meta
 
     collapsed = sum(read_meta(path).onset_step is not None for path in paths)
     return {"runs": len(paths), "collapsed": collapsed}
@@ -122,9 +122,9 @@ def build_default_model(
     Returns the :class:`~collapse_guard.predictor.training.train.TrainingResult` (its model as
     written, with the bundle's version and settings in ``meta``).
     """
-    from collapse_guard.datasets.runs import find_run_files
     from collapse_guard.datasets.synthetic.generate import generate_synthetic_runs
     from collapse_guard.predictor.training.train import train_risk_model
+    from collapse_guard.runfiles.records import find_run_files
 
     config = TrainConfig.of(config, **settings)
     seed = config.seed

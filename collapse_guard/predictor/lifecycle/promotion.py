@@ -40,14 +40,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from collapse_guard.datasets.runs import RunRecord
-from collapse_guard.predictor.core.levels import allowed_false_alarms
+from collapse_guard.predictor.core.levels import WARN, allowed_false_alarms
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
 from collapse_guard.predictor.evaluate import MIN_LEAD, ScoredRun, event_metrics
+from collapse_guard.runfiles.records import RunRecord
 
 __all__ = [
-    "WARN",
+    "WARN",  # core.levels': the level promotion is judged at (the one users act on)
     "Decision",
     "WarnScore",
     "compare",
@@ -55,8 +55,6 @@ __all__ = [
     "score_at_warn",
     "unseen_by",
 ]
-
-WARN = "warn"  # the level promotion is judged at: the one users act on
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ def score_at_warn(
     ``EvalReport.model_runs``); those runs are not scored again."""
     if WARN not in model.thresholds:
         raise ValueError(
-            f"model {model.meta.get('version')!r} has no {WARN!r} level to be judged at "
+            f"model {model.meta.get('version')!r} has no '{WARN}' level to be judged at "
             f"(thresholds: {model.thresholds}); fix: train it with collapse-guard train"
         )
     known = scored or {}

@@ -2,7 +2,7 @@
 
 Store. SQLite under ``mlruns/`` in the current directory unless ``MLFLOW_TRACKING_URI``
 says otherwise: MLflow 3.17 refuses the plain-folder store, and a SQLite store keeps the
-registry and aliases (../shared/STACK.md). Each experiment is created with an explicit
+registry and aliases (docs/stack.md, "MLflow 3.17"). Each experiment is created with an explicit
 artifact location beside the database, because SQLite stores otherwise put artifacts
 relative to whatever directory the process happened to start in. The store's URI and
 client are ``predictor.core.store``'s (``store.tracking_uri``, ``store.use_store``), not
@@ -52,7 +52,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
-from collapse_guard.datasets.runs import RunRecord
 from collapse_guard.predictor.core import store
 from collapse_guard.predictor.core.risk import MODEL_NAME, ModelFormatError, RiskModel
 from collapse_guard.predictor.evaluate.events import ScoredRun
@@ -60,6 +59,7 @@ from collapse_guard.predictor.evaluate.plots import report_artifacts
 from collapse_guard.predictor.lifecycle import promotion
 from collapse_guard.predictor.lifecycle.promotion import Decision
 from collapse_guard.predictor.training.train import TrainingResult
+from collapse_guard.runfiles.records import RunRecord
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [

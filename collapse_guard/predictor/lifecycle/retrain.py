@@ -10,7 +10,7 @@ MLflow store), so that running the same command again after a crash finishes the
 step            what, and what a rerun finds
 ==============  ==========================================================================
 ingest          new run files (folders, files, fsspec URLs) checked, labelled, guarded
-                runs censored, copied into ``<base>/ingested/`` (``datasets.ingest``);
+                runs censored, copied into ``<base>/ingested/`` (``runfiles.ingest``);
                 a rerun finds them there (same bytes) and does not copy them again
 dataset         every readable run under ``<base>``; unreadable files are reported
 benchmark       the frozen benchmark (``predictor.lifecycle.benchmark``): recorded in MLflow once,
@@ -49,15 +49,6 @@ from typing import Any
 
 import pandas as pd
 
-from collapse_guard.datasets.ingest import (
-    Dataset,
-    IngestReport,
-    Rejected,
-    dataset_runs,
-    ingest_runs,
-)
-from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.datasets.runs import load_runs
 from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.lifecycle.benchmark import (
     FrozenBenchmark,
@@ -66,6 +57,15 @@ from collapse_guard.predictor.lifecycle.benchmark import (
     record_benchmark,
 )
 from collapse_guard.predictor.training.config import TrainConfig
+from collapse_guard.runfiles import RunMeta
+from collapse_guard.runfiles.ingest import (
+    Dataset,
+    IngestReport,
+    Rejected,
+    dataset_runs,
+    ingest_runs,
+)
+from collapse_guard.runfiles.records import load_runs
 
 __all__ = [
     "KEY_TAG",
@@ -393,7 +393,7 @@ def retrain(
         config: the challenger's training (``TrainConfig``, ``settings`` over it: seed,
             stride, hold_steps, params, budgets, ...); its ``seed`` also draws the frozen
             benchmark, its ``horizon`` is how far before a guard's first intervention a
-            guarded run's rows stay labelled (``datasets.censor``).
+            guarded run's rows stay labelled (``runfiles.censoring``).
         dask: train on Dask: ``"local"`` or a scheduler address (``predictor.training.fleet``).
         require_new: raise ``UserInputError`` when no run among ``runs`` is accepted
             (the command: a retrain on nothing new is a mistake, not a job).

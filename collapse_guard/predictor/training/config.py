@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collapse_guard.datasets.label import HORIZON
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.core.calibration import CALIBRATION_METHODS
@@ -27,6 +26,7 @@ from collapse_guard.predictor.core.hold import DEFAULT_HOLD_STEPS
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE
 from collapse_guard.predictor.training.data import DEFAULT_FRACTIONS, MODEL_SIGNALS
+from collapse_guard.runfiles.label import HORIZON
 
 __all__ = ["TrainConfig"]
 

@@ -2,7 +2,7 @@
 
 Rows: the feature vector at every ``stride``-th step of a run (the window ending at
 that step), with target y = 1 when the run's onset lies in (step, step + horizon]
-(``datasets.label.collapse_targets``). Rows at or after onset are dropped: once a
+(``runfiles.label.collapse_targets``). Rows at or after onset are dropped: once a
 run has collapsed there is nothing left to forecast. So are the last ``horizon`` steps
 before a *sudden* onset (``extra["onset_kind"]``: less than 10 steps after its trigger):
 nothing in them foretells it, and as positives they teach the model that healthy-looking
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from collapse_guard.datasets.label import HORIZON, collapse_targets
-from collapse_guard.datasets.runfile import RunMeta
-from collapse_guard.datasets.runs import RunRecord
 from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE
+from collapse_guard.runfiles import RunMeta
+from collapse_guard.runfiles.label import HORIZON, collapse_targets
+from collapse_guard.runfiles.records import RunRecord
 from collapse_guard.signals import SIGNALS
 
 __all__ = [
@@ -57,7 +57,7 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the ru
 # run trains; a model fed it learns the machines its training runs were made on
 # (measured: host_mem_available was among the 20 features with most gain). The probe
 # still records it, for forensics.
-MODEL_SIGNALS: tuple[str, ...] = tuple(s.name for s in SIGNALS if s.family != "system")
+MODEL_SIGNALS: tuple[str, ...] = tuple(s.name for s in SIGNALS if s.group != "system")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Feature extraction is what grows with a fleet (every ``stride``-th window of eve
 worker reading its own files. Everything else is ``train.train_risk_model``'s own code,
 run here: the same LightGBM fit with early stopping on the same rows in the same order,
 the same calibration, levels and evaluation. So a Dask training gives the model string a
-local training gives (``tests/predictor/test_fleet.py``), rather than an approximation.
+local training gives (``tests/predictor/training/test_fleet.py``), rather than an approximation.
 
 >>> with fleet_client("local") as client:          # or "tcp://scheduler:8786"
 ...     result = train_risk_model(paths, rows=rows_on(client))
@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from functools import partial
 
 from collapse_guard._scheduler import scheduler_client
-from collapse_guard.datasets.runs import RunRecord, load_runs
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.training.data import TrainingData, concat_rows, run_rows
 from collapse_guard.predictor.training.train import RowBuilder
+from collapse_guard.runfiles.records import RunRecord, load_runs
 
 __all__ = ["CHUNK_RUNS", "chunk_rows", "cluster_rows", "fleet_client", "rows_on"]
 
@@ -42,7 +42,7 @@ def fleet_client(scheduler: str = "local"):
     from distributed import Client, LocalCluster
 
     # Workers are spawned and inherit the environment: without a passive wait policy
-    # their OpenMP threads spin on a busy machine (../shared/STACK.md).
+    # their OpenMP threads spin on a busy machine (docs/stack.md, "OpenMP").
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     if scheduler == "local":
         cluster = LocalCluster(
@@ -75,7 +75,7 @@ def _paths(runs: Sequence[RunRecord]) -> list[str]:
             raise ValueError(
                 f"run {run.run_id!r} has no file: fleet training ships run files to the "
                 "workers; expected RunRecords from load_runs(paths); fix: write the run "
-                "with datasets.runfile.write_run first"
+                "with runfiles.write_run first"
             )
         paths.append(str(run.path))
     return paths

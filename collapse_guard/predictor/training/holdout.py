@@ -1,6 +1,6 @@
 """Leave-one-group-out: train without a model family (optimizer, data), test on it.
 
-The headline of DESIGN.md "Predictor" is measured on set-ups the model never saw. For
+The headline of docs/design.md, "Predictor", is measured on set-ups the model never saw. For
 each value ``g`` of a set-up grouping (``groups.setup_of``: ``family``, ``optimizer``
 or ``data``) among the runs:
 

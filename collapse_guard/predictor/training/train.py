@@ -51,7 +51,6 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 
-from collapse_guard.datasets.runs import RunRecord, data_fingerprint, load_runs
 from collapse_guard.features import FeatureExtractor
 from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, LEVELS, thresholds_from_budgets
@@ -78,6 +77,7 @@ from collapse_guard.predictor.training.data import (
     require_trainable_split,
     split_runs,
 )
+from collapse_guard.runfiles.records import RunRecord, data_fingerprint, load_runs
 
 __all__ = [
     "MAX_TRAIN_ROWS",
@@ -137,7 +137,7 @@ class SplitRecord:
 class TrainingResult:
     """What one training produced: :func:`train_risk_model`'s single return value.
 
-    ``fingerprint`` is ``datasets.runs.data_fingerprint`` of every run read (also the
+    ``fingerprint`` is ``runfiles.records.data_fingerprint`` of every run read (also the
     model's ``meta["data_fingerprint"]``); ``test_runs`` are the test split in memory,
     in split order, for whoever scores the model or a rival on them next (promotion).
     """
@@ -333,7 +333,7 @@ def train_risk_model(
     """Train, calibrate, set levels and evaluate on run files (module docstring).
 
     Args:
-        run_paths: run files (``*.parquet``); use ``datasets.runfile.list_runs`` on folders.
+        run_paths: run files (``*.parquet``); use ``runfiles.list_runs`` on folders.
         config: every setting of the training (:class:`TrainConfig`: seed, window,
             horizon, stride, hold_steps, budgets, fractions, calibration,
             eval_budget_per_10k, params, signals, levels_by); the same runs and seed give

@@ -1,0 +1,185 @@
+"""<DECIDE>'s two halves around the pure ``decide``: the facts gathered from the guard's
+state, and the decision amended by what ``decide`` cannot know (a forced action, a
+parameter that is not finite, the checkpoints a rescue rolls back to).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from collapse_guard.guard.checkpoints import CheckpointRing
+from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
+from collapse_guard.guard.measure import amp_overflow, lr_jumped
+from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.setup import GuardSetup
+from collapse_guard.guard.state import RunState, Trajectory
+from collapse_guard.predictor.core.levels import WARN
+
+__all__ = [
+    "FORCEABLE",
+    "Decider",
+    "checkable",
+    "forced",
+    "gather_facts",
+    "nonfinite_param",
+    "nonfinite_text",
+    "with_rollback",
+]
+
+FORCEABLE = ("skip", "rescue", "checkpoint")
+
+
+def gather_facts(
+    run: RunState,
+    trajectory: Trajectory,
+    loss: float,
+    grad_norm: float,
+    *,
+    outliers: tuple[str, ...] = (),
+    stale: str = "",
+    amp_overflow: bool = False,
+    lr_jump: bool = False,
+) -> StepFacts:
+    """Step ``run.step_index``'s facts, before the update."""
+    s = run.step_index
+    return StepFacts(
+        step=s,
+        loss=loss,
+        grad_norm=grad_norm,
+        grad_finite=math.isfinite(grad_norm),
+        loss_z=trajectory.loss_history.z(loss),
+        grad_z=trajectory.grad_history.z(grad_norm),
+        level=run.level,
+        probability=run.probability,
+        lr_multiplier=run.lr_multiplier,
+        skip_streak=run.skip_streak,
+        collapse_online=trajectory.online.collapsed(s),
+        rescues=run.rescues,
+        layer_outliers=outliers,
+        since_checkpoint=s - run.last_checkpoint,
+        quiet_steps=run.quiet_steps,
+        amp_overflow=amp_overflow,
+        lr_jump=lr_jump,
+        after_rollback=run.after_rollback,
+        averaged_rollback=run.averaged_rollback,
+        data_fault=run.data_fault,
+        clean_steps=run.clean_steps,
+        stale_gradients=stale,
+    )
+
+
+def forced(decision: GuardDecision, action: str | None) -> GuardDecision:
+    """``decision`` with ``guard.force_next``'s action (None: as it is)."""
+    if action == "skip":
+        return replace(
+            decision,
+            apply_update=False,
+            reason="forced",
+            events=(*decision.events, "skip:forced"),
+        )
+    if action == "rescue":
+        return replace(
+            decision,
+            apply_update=False,
+            rescue=True,
+            reason="forced",
+            events=(*decision.events, "rescue:forced"),
+        )
+    if action == "checkpoint":
+        return replace(decision, checkpoint=True, events=(*decision.events, "checkpoint"))
+    return decision
+
+
+def nonfinite_param(params: Sequence[torch.Tensor]) -> int | None:
+    """The index of the first parameter holding NaN or inf (None: all finite). One foreach
+    pass and one sync: at checkpoint steps only."""
+    norms = torch._foreach_norm([p.detach() for p in params])
+    device = norms[0].device
+    finite = torch.isfinite(torch.stack([n.float().to(device) for n in norms])).cpu()
+    return None if bool(finite.all()) else int((~finite).nonzero()[0])
+
+
+def checkable(decision: GuardDecision, name: str | None) -> GuardDecision:
+    """``decision`` without its checkpoint where parameter ``name`` is not finite: a NaN in
+    a tensor the forward never reads (an unused embedding row) harms no loss, so no other
+    rule sees it, but it must not go into a "healthy" checkpoint."""
+    if name is None:
+        return decision
+    events = tuple(
+        f"checkpoint_refused:nonfinite_param={name}" if e == "checkpoint" else e
+        for e in decision.events
+    )
+    return replace(decision, checkpoint=False, events=events)
+
+
+def with_rollback(
+    decision: GuardDecision, ring: CheckpointRing, policy: GuardPolicy
+) -> GuardDecision:
+    """A rescue names the checkpoints it averages (every DDP rank reads the same files):
+    those that share a basin with the newest; the newest alone after an average was worse."""
+    p = policy
+    paths = tuple(str(x) for x in ring.basin(p.average_span, p.average_loss_gap))
+    if decision.reason.startswith("average_worse"):
+        paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
+    return replace(decision, rollback_to=paths)
+
+
+def nonfinite_text(step: int, name: str) -> str:
+    """The warning of a checkpoint refused for parameter ``name`` (given once a run)."""
+    return (
+        f"collapse-guard: step {step}: parameter {name!r} holds NaN or inf; no healthy "
+        "checkpoint is written while it does (event checkpoint_refused:nonfinite_param). "
+        "A tensor the forward never reads gets no gradient, so nothing in training repairs "
+        "it: find what wrote it. This warning is given once."
+    )
+
+
+class Decider:
+    """<DECIDE> for one guard: the facts of a step, ``decide``, and the amendments; it
+    holds the action ``force_next`` asked for until the next step it decides. The online
+    label's step is taken here (it reads this very loss); nothing else changes."""
+
+    def __init__(self, setup: GuardSetup) -> None:
+        self.setup = setup
+        self.forced: str | None = None  # the next step's action (``force_next``)
+
+    def force(self, action: str) -> None:
+        if action not in FORCEABLE:
+            raise ValueError(f"action must be one of {FORCEABLE}, got {action!r}")
+        self.forced = action
+
+    def __call__(
+        self,
+        run: RunState,
+        trajectory: Trajectory,
+        loss: float,
+        grad_norm: float,
+        norms: torch.Tensor,
+        stale: str,
+    ) -> GuardDecision:
+        """Step ``run.step_index``'s decision (a forced action taken)."""
+        setup, policy = self.setup, self.setup.policy
+        if not run.data_fault and not stale:  # in data-fault mode only applied steps count
+            trajectory.online.update(run.step_index, loss)
+        ratio = policy.layer_outlier_ratio
+        outliers = setup.history.outliers(norms, ratio) if run.level >= WARN else {}
+        overflow = amp_overflow(setup.training.scaler, setup.training.optimizer)
+        facts = gather_facts(
+            run, trajectory, loss, grad_norm, outliers=tuple(outliers), stale=stale,
+            amp_overflow=overflow, lr_jump=lr_jumped(run.loop_lrs, policy),
+        )  # fmt: skip
+        action, self.forced = self.forced, None
+        decision = forced(decide(facts, policy), action)
+        if decision.checkpoint and not decision.rescue:
+            i = nonfinite_param(setup.params)
+            name = setup.param_names[i] if i is not None else None
+            if name is not None:
+                setup.once.warn("nonfinite_param", nonfinite_text(decision.step, name), 3)
+            decision = checkable(decision, name)
+        if decision.rescue:
+            decision = with_rollback(decision, setup.ring, policy)
+        return decision

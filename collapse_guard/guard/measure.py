@@ -1,0 +1,93 @@
+"""<UNSCALE> and <MEASURE>: the step's gradient norms, the scaler's verdict, the loop's LR.
+
+Every function reads and returns; none changes training (the scaler's ``unscale_``
+aside, which the guard owes a loop with a ``GradScaler`` before it can measure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from collapse_guard.guard.policy import GuardPolicy
+
+__all__ = [
+    "amp_enabled",
+    "amp_overflow",
+    "host_floats",
+    "lr_jumped",
+    "tensor_norms",
+    "trainable",
+    "unscale",
+]
+
+
+def trainable(model: Any) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    """The names and tensors of ``model``'s trainable parameters: what the guard measures."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return tuple(n for n, _ in named), [p for _, p in named]
+
+
+def tensor_norms(probe: Any, params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Every trainable tensor's gradient norm (0 without a gradient), on the device:
+    the probe's, from its one pass over the gradients, where it measured them."""
+    shared = probe.tensor_norms
+    if shared is not None and len(shared) == len(params):
+        return shared
+    grads = [p.grad for p in params]
+    present = [g for g in grads if g is not None]
+    if not present:
+        return torch.zeros(len(grads))
+    norms = iter(torch._foreach_norm(present))
+    device = present[0].device
+    return torch.stack(
+        [
+            next(norms).float().to(device) if g is not None else torch.zeros((), device=device)
+            for g in grads
+        ]
+    )
+
+
+def host_floats(*values: torch.Tensor) -> list[float]:
+    """0-d tensors as floats: one copy to the host for a device's, ``float`` on the CPU
+    (no device to wait for; a stack and copies cost ~20 us there)."""
+    if all(v.device.type == "cpu" for v in values):
+        return [float(v) for v in values]
+    return torch.stack([v.cpu() for v in values]).tolist()
+
+
+def amp_enabled(scaler: Any) -> bool:
+    return scaler is not None and scaler.is_enabled()
+
+
+def _scaler_state(scaler: Any, optimizer: Any) -> dict:
+    return scaler._per_optimizer_states.get(id(optimizer), {})
+
+
+def unscale(scaler: Any, optimizer: Any) -> None:
+    """``scaler.unscale_(optimizer)`` unless the loop did already (Lightning does, for its
+    clipping hook; unscaling twice is an error)."""
+    if (
+        amp_enabled(scaler)
+        and getattr(_scaler_state(scaler, optimizer).get("stage"), "name", "") != "UNSCALED"
+    ):
+        scaler.unscale_(optimizer)
+
+
+def amp_overflow(scaler: Any, optimizer: Any) -> bool:
+    """The scaler found inf or NaN in this step's gradients (its own skip, not the guard's)."""
+    if not amp_enabled(scaler):
+        return False
+    found = _scaler_state(scaler, optimizer).get("found_inf_per_device", {})
+    return bool(sum(v.item() for v in found.values()))  # sync only under AMP
+
+
+def lr_jumped(loop_lrs: Sequence[float], policy: GuardPolicy) -> bool:
+    """The loop's LR rose over lr_jump_ratio within the last lr_jump_steps steps."""
+    n = policy.lr_jump_steps
+    if len(loop_lrs) <= n:
+        return False
+    lrs = list(loop_lrs)
+    return max(lrs[-n:]) > policy.lr_jump_ratio * max(lrs[:-n])
