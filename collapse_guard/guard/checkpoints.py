@@ -25,8 +25,11 @@ Reading (:func:`load_verified`): size and checksum against the sidecar, then the
 ``weights_only`` load. A file that fails (truncated, empty, random bytes, a flipped bit,
 a pickle with code in it) is a :class:`CorruptCheckpoint` naming the file and why; a
 resume falls back to the newest valid one and says which it skipped
-(:meth:`CheckpointRing.newest_valid`). Files written before sidecars existed are trusted
-when they load.
+(:meth:`CheckpointRing.newest_valid`, whose ``accept`` adds the resume's own checks:
+keep.py). A checkpoint whose sidecar is missing is checked against the CRC-32 that
+``torch.save``'s zip format keeps for each entry (``torch.load`` does not check them): a
+flipped bit is caught without the sidecar too. Files written before sidecars existed are
+trusted when they pass it and load (and pass the resume's checks).
 
 Rollback averages the parameters of the ring's checkpoints that share a basin with the
 newest (:meth:`CheckpointRing.basin`): nearby points of one trajectory, whose mean lies
@@ -52,7 +55,7 @@ import re
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +155,11 @@ def _save_verified(state: dict[str, Any], path: Path) -> None:
         }
         text = json.dumps(info, sort_keys=True).encode()
         _write_durably(sidecar(path), lambda handle: handle.write(text))
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            sidecar(path).unlink(missing_ok=True)  # no sidecar without its checkpoint
+            raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -217,11 +224,28 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_verified(path: str | os.PathLike) -> dict[str, Any]:
-    """:func:`verify` then :func:`load_checkpoint`: a :class:`CorruptCheckpoint` on failure."""
-    why = verify(path)
+    """:func:`verify` (without a sidecar: the zip entries' CRC-32, :func:`_zip_damage`)
+    then :func:`load_checkpoint`: a :class:`CorruptCheckpoint` on failure."""
+    why = verify(path) or ("" if sidecar(path).exists() else _zip_damage(Path(path)))
     if why:
         raise CorruptCheckpoint(f"{path}: {why}", "delete it; the ring's older ones are intact")
     return load_checkpoint(path)
+
+
+def _zip_damage(path: Path) -> str:
+    """Why ``path``'s zip entries fail their CRC-32 ("" when they pass, or when it is no
+    zip: the load says why it is unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception:  # not a zip (truncated, random bytes): torch.load names it
+        return ""
+    if bad is None:
+        return ""
+    return (
+        f"its entry {bad} fails its zip checksum (CRC-32): damaged after it was written "
+        "(its sidecar is missing, so the file's own sha256 cannot be checked)"
+    )
 
 
 def average_states(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -273,6 +297,7 @@ class CheckpointRing:
                 "pass a folder this process may write to, e.g. Guard(..., checkpoint_dir='ckpt')",
             )
         self._mine: list[Path] = []
+        self.unwritten: list[str] = []  # checkpoints a full disk refused (keep.py says so)
 
     def existing(self) -> list[Path]:
         """Every guard checkpoint in the folder, oldest first (whoever wrote it)."""
@@ -297,16 +322,20 @@ class CheckpointRing:
         return removed
 
     def newest_valid(
-        self, tidy: bool = True
+        self, tidy: bool = True, accept: Callable[[Path, dict[str, Any]], None] | None = None
     ) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-        """The newest checkpoint that passes :func:`load_verified`, its state, and one
+        """The newest checkpoint that passes :func:`load_verified` and ``accept(path,
+        state)`` (which raises :class:`CorruptCheckpoint` to refuse it), its state, and one
         line per newer file skipped (``name: why``). With ``tidy`` (one process: DDP's
         rank 0) skipped files are renamed ``<name>.corrupt`` (kept for a look, out of
         every later scan); a file that vanished meanwhile (renamed by rank 0) is skipped."""
         skipped = []
         for path in reversed(self.existing()):
             try:
-                return path, load_verified(path), skipped
+                state = load_verified(path)
+                if accept is not None:
+                    accept(path, state)
+                return path, state, skipped
             except CorruptCheckpoint as error:
                 skipped.append(f"{path.name}: {error.message.split(': ', 1)[-1]}")
             except OSError as error:

@@ -150,12 +150,13 @@ class Guard:
 
     def resume(self, path: str | os.PathLike | None = None) -> int:
         """Load model, optimizer, scaler and guard state (its history too) from a ring
-        checkpoint (default: the newest valid one); returns the step to continue from. The
+        checkpoint (default: the newest valid one that loads: keep.py); returns the step to
+        continue from (after the last one recorded: no step is recorded twice). The
         run records into a new run file (a finished Parquet file cannot be appended to)
         whose metadata names the run it continues (``extra["continues"]``: run_id, step,
         checkpoint): the two files end to end are the run."""
-        path, state = load_resume(self.ring, self.training, path, tidy=self.rank == 0)
-        self.load_state_dict(state["guard"])
+        tidy = self.rank == 0  # rank 0 alone renames refused checkpoints and warns
+        path, state = load_resume(self.ring, self.training, path, tidy, self.load_state_dict)
         self.run.resumed(path.name, state["guard"]["run"]["run_id"])
         if self._writer is not None:  # lineage on disk from the first chunk, not at close
             self._writer.update_meta(extra={"continues": self.run.continues})

@@ -18,13 +18,14 @@ CLOSE_EVENTS = 1000  # the last events the run file's metadata keeps
 
 
 def open_run_writer(folder: Path, run_id: str, policy: GuardPolicy, optimizer: Any) -> Any:
-    """The writer of ``folder/run-<run_id>.parquet``."""
-    from collapse_guard.probe.recorder import open_writer
+    """The writer of ``folder/run-<run_id>.parquet``; a write the disk refuses keeps its
+    rows in memory and warns once (``keep_on_error``: the loop never stops for the disk)."""
     from collapse_guard.runfiles import RunMeta  # pandas, pyarrow: lazily
+    from collapse_guard.runfiles.writer import RunWriter
 
     config = {"policy": policy.to_dict(), "optimizer": type(optimizer).__name__}
     meta = RunMeta(run_id=run_id, source="guarded", config=config)
-    return open_writer(folder / f"run-{run_id}.parquet", meta)
+    return RunWriter(folder / f"run-{run_id}.parquet", meta, keep_on_error=True)
 
 
 def close_extra(

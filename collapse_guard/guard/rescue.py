@@ -72,7 +72,14 @@ class Rescuer:
         events = []
         blown = history.outliers(norms, policy.layer_outlier_ratio, min_rows=1)
         if setup.rank == 0:
-            events.append(_forensics(setup.folder, s, training, history, blown))
+            try:
+                events.append(_forensics(setup.folder, s, training, history, blown))
+            except OSError as error:  # a full disk: the rescue matters more than its record
+                where = setup.folder / "forensics"
+                said = f"collapse-guard: could not write the forensics of step {s} under "
+                said += f"{where} ({error}); the rescue goes on without them (said once)"
+                setup.once.warn("forensics_unwritten", said, stacklevel=4)
+                events.append("forensics:unwritten")
         healthy_lr = trajectory.lr_in_force  # without a checkpoint: the LR of the last update
         run.averaged_rollback = False
         if decision.rollback_to:

@@ -10,9 +10,13 @@ The service never stops training (docs/design.md, "Guard"): if it cannot be reac
 answers an error or garbage, or is still busy with the previous window when the next is
 due, the window is scored by the embedded model instead, a warning is given once, and the
 service is tried again after a back-off (2, 4, ... 32 windows). Everything read from the
-network is untrusted (:func:`read_answer`): a probability that is not a number in [0, 1],
-a level that is not one of ``RISK_LEVELS``, a ``hold_steps`` that is not a whole number in
-[0, ``MAX_HOLD_STEPS``] make the whole answer garbage.
+network is untrusted. The client reads an answer strictly and within its size and time
+bounds (service/client/risk_client.py: ``true`` or ``"0.5"`` is no probability, a 300 MB
+or trickling answer is cut off), and :func:`read_answer` checks again whatever a client
+or a stand-in hands over, never coercing: a probability that is not a number (a boolean
+or a string is none) in [0, 1], a level that is not one of ``RISK_LEVELS``, a
+``hold_steps`` that is not a whole number in [0, ``MAX_HOLD_STEPS``] make the whole answer
+garbage.
 
 The probability is the answer; its level is checked against it. The guard acts on the
 level the answering model's thresholds give the probability (from the service's
@@ -34,7 +38,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collapse_guard.predictor.core.hold import RiskHold
+from collapse_guard.predictor.core.hold import MAX_HOLD_STEPS, RiskHold
 from collapse_guard.predictor.core.levels import LEVELS, RISK_LEVELS, Level
 
 __all__ = [
@@ -50,8 +54,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 32  # windows skipped, at most, before the service is tried again
-MAX_HOLD_STEPS = 10_000  # a hold longer than a long run's window of interest is garbage:
-# the shipped model holds 50 steps, and the horizon the levels are for is 200
 
 
 class GarbageAnswer(ValueError):
@@ -82,17 +84,18 @@ def read_answer(result: Any) -> tuple[float, Level, int]:
 
 
 def _thresholds(values: Any) -> dict[str, float] | None:
-    """Thresholds as levels -> p, rising; None when they are not that (untrusted too)."""
+    """Thresholds as levels -> p, numbers in (0, 1), rising; None when they are not that
+    (untrusted too: a string or a boolean is not a number, and a threshold at or over 1
+    would switch its level off)."""
     if not isinstance(values, dict):
         return None
-    try:
-        out = {level.value: float(values[level]) for level in LEVELS}  # OK has no threshold
-    except (KeyError, TypeError, ValueError):
+    found = [values.get(level.value) for level in LEVELS]  # OK has no threshold
+    if not all(_is_number(v) and math.isfinite(v) and 0.0 < v < 1.0 for v in found):
         return None
-    ordered = list(out.values())
-    if not all(math.isfinite(v) for v in ordered) or ordered != sorted(ordered):
+    ordered = [float(v) for v in found]
+    if ordered != sorted(ordered):
         return None
-    return out
+    return {level.value: v for level, v in zip(LEVELS, ordered, strict=True)}
 
 
 @dataclass(frozen=True)

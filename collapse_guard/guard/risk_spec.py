@@ -34,17 +34,21 @@ DEFAULT_WINDOW = 200  # records kept without a risk model (docs/design.md, "Feat
 
 @dataclass(frozen=True)
 class ServiceRisk:
-    """The risk service at ``url`` (``token``: its bearer token; ``timeout`` in seconds a
-    request may take before the window is scored by the embedded model instead)."""
+    """The risk service at ``url`` (``token``: its bearer token; ``timeout``: seconds a
+    request may take in all, connect, send and the whole answer, before the window is
+    scored by the embedded model instead; ``max_answer_bytes``: the longest answer read,
+    None: the client's default, 8 MiB)."""
 
     url: str
     token: str | None = None
     timeout: float = 2.0
+    max_answer_bytes: int | None = None
 
     def client(self) -> RiskClient:
         from collapse_guard.service.client import RiskClient  # httpx: only when used
 
-        return RiskClient(self.url, token=self.token, timeout=self.timeout, top_k=0)
+        bound = {} if self.max_answer_bytes is None else {"max_answer_bytes": self.max_answer_bytes}
+        return RiskClient(self.url, token=self.token, timeout=self.timeout, top_k=0, **bound)
 
 
 RiskSpec = Union[ServiceRisk, "RiskModel", "RiskClient", str, os.PathLike, None]

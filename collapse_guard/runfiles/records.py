@@ -1,10 +1,12 @@
 """Run files as training and evaluation read them: found, censored, checked, held or lazy.
 
 ``find_run_files`` turns folders and files into run files; ``load_runs`` reads each once,
-labels and censors a guarded run (``as_training_run``), refuses duplicate run ids and runs
-labelled under an older label rule (``collapse-guard data relabel`` brings them to the
-current one) and returns :class:`RunRecord`s; ``data_fingerprint`` names the labelled
-runs a training saw.
+labels and censors a guarded run (``as_training_run``), refuses duplicate run ids, runs
+whose steps do not strictly increase (``check_steps``: a file no ``RunWriter`` wrote) and
+runs labelled under an older label rule (``collapse-guard data relabel`` brings them to
+the current one) and returns :class:`RunRecord`s; ``data_fingerprint`` names the labelled
+runs a training saw, ``content_fingerprint`` what one run holds (its steps and signals,
+whatever its run id: two runs with the same one are copies).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from collapse_guard.errors import UserInputError
@@ -21,10 +24,13 @@ from collapse_guard.runfiles.format import RunMeta
 from collapse_guard.runfiles.label import LABEL_VERSION
 from collapse_guard.runfiles.reader import list_runs, read_run
 from collapse_guard.runfiles.relabel import is_stale
+from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
     "RunRecord",
     "as_training_run",
+    "check_steps",
+    "content_fingerprint",
     "data_fingerprint",
     "find_run_files",
     "load_runs",
@@ -134,19 +140,68 @@ def load_runs(paths: Iterable[str | Path], *, lazy: bool = False) -> list[RunRec
     seen: dict[str, Path] = {}
     for path in paths:
         path = Path(path)
-        frame, meta = as_training_run(*read_run(path))
+        raw, meta = read_run(path)
+        check_steps(raw, f"{path} (run {meta.run_id!r})")  # before censoring labels it
+        frame, meta = as_training_run(raw, meta)
         _refuse_stale_label(path, meta)
         if meta.run_id in seen:
-            raise ValueError(
+            raise UserInputError(  # a ValueError, as before: now one line on the CLI
                 f"run id {meta.run_id!r} appears in both {seen[meta.run_id]} and {path}; "
-                "run ids must be unique so that no run lands in two splits. "
-                "Fix: drop the duplicate file or give it its own run_id"
+                "run ids must be unique so that no run lands in two splits",
+                "drop the duplicate file or give it its own run_id",
             )
         seen[meta.run_id] = path
         records.append(
             RunRecord.stored(meta, path, len(frame)) if lazy else RunRecord(frame, meta, path)
         )
     return records
+
+
+def check_steps(frame: pd.DataFrame, where: str) -> None:
+    """Refuse a run whose steps do not strictly increase, naming ``where`` and the first
+    bad row (a :class:`UserInputError`). A ``RunWriter`` and ``write_run`` never write one;
+    a file made otherwise can hold a step twice or a step that goes back, which the label
+    and the features refuse further down with less to go on."""
+    if "step" not in frame.columns:
+        raise UserInputError(
+            f"{where}: no 'step' column; a run holds one row per training step",
+            "add a 'step' column (the int training step of each row)",
+        )
+    steps = frame["step"].to_numpy()
+    if steps.size < 2:
+        return
+    bad = np.flatnonzero(steps[1:] <= steps[:-1])  # not np.diff: unsigned steps wrap
+    if bad.size:
+        row = int(bad[0]) + 1
+        got, before = steps[row], steps[row - 1]
+        what = "repeats" if got == before else "goes back from"
+        raise UserInputError(
+            f"{where}: steps must strictly increase; row {row} has step {got}, which "
+            f"{what} step {before} of row {row - 1} ({bad.size} row(s) out of order in all)",
+            "write the run again with its rows sorted by step, one row per step "
+            "(frame.sort_values('step').drop_duplicates('step', keep='last'))",
+        )
+
+
+def content_fingerprint(frame: pd.DataFrame) -> str:
+    """Short hash of a run's steps and signal values: what it holds, not what it is called.
+
+    Two runs with the same one are copies of each other whatever their run ids, files or
+    metadata (the ``event`` column and the metadata are left out). A signal the frame lacks
+    counts as unmeasured (NaN), as the reader gives it; every NaN hashes alike.
+    """
+    digest = hashlib.sha256()
+    steps = np.ascontiguousarray(frame["step"].to_numpy(), dtype=np.int64)
+    digest.update(steps.tobytes())
+    for name in SIGNAL_NAMES:
+        if name in frame.columns:
+            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
+            values = np.where(np.isnan(values), np.nan, values)  # one NaN bit pattern
+        else:
+            values = np.full(len(frame), np.nan)
+        digest.update(name.encode("utf-8") + b"\0")
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _refuse_stale_label(path: Path, meta: RunMeta) -> None:

@@ -15,12 +15,22 @@ raise ``chunk_steps`` there. The guard also flushes at every checkpoint (its dur
 a resume starts there, so the rows up to it must be on disk), by default every 100
 healthy steps: a 20,000-step guarded run rewrites 200 times, 14.5 s in all on the loaded
 machine (0.7 ms a step; the last rewrite, of 20,000 rows, 115 ms).
+
+A full disk. With ``keep_on_error=True`` (the guard's writer: a training loop never stops
+for the disk) a write the disk refuses (``OSError``: ENOSPC, EDQUOT, EIO, a folder gone)
+raises nothing: the writer holds every row it accepted in memory anyway (each rewrite is
+of the whole run), so none is lost; it says once, in a warning naming the file and the
+steps not on disk, and writes them all at the next flush the disk takes. Only a
+``close()`` the disk still refuses loses rows: a second warning names them (the file on
+disk keeps the rows up to its last good write; ``rows_lost`` counts the others), and a
+later ``close()`` tries again.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -85,10 +95,18 @@ class RunWriter:
     ``path`` is replaced at the first flush. Use as a context manager.
 
     ``rows_written`` counts rows that are durable on disk; ``rows_appended`` counts
-    every row handed to ``append``.
+    every row handed to ``append``. ``keep_on_error``: a write the disk refuses keeps the
+    rows in memory and warns once instead of raising (module docstring, "A full disk").
     """
 
-    def __init__(self, path: str | os.PathLike, meta: RunMeta, *, chunk_steps: int = 256) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        meta: RunMeta,
+        *,
+        chunk_steps: int = 256,
+        keep_on_error: bool = False,
+    ) -> None:
         if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, int) or chunk_steps < 1:
             raise ValueError(f"chunk_steps must be an int >= 1, got {chunk_steps!r}")
         if not isinstance(meta, RunMeta):
@@ -104,6 +122,10 @@ class RunWriter:
         self._last_step: int | None = None
         self._closed = False
         self._on_disk = False  # the file at path reflects this writer's rows and meta
+        self.keep_on_error = bool(keep_on_error)
+        self.write_error = ""  # the last write the disk refused ("" once one succeeds)
+        self.rows_lost = 0  # rows a close() could not write (keep_on_error)
+        self._warned = False
 
     # -- context manager
     def __enter__(self) -> RunWriter:
@@ -116,6 +138,11 @@ class RunWriter:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def durable(self) -> bool:
+        """Every appended row and the metadata are on disk."""
+        return self._on_disk
 
     def append(self, step: int, record: Mapping[str, float], event: str = "") -> None:
         """Buffer one step. Signals missing from ``record`` are NaN (not measured)."""
@@ -173,21 +200,61 @@ class RunWriter:
         elif self._on_disk:
             return
         table = pa.Table.from_batches(self._batches, schema=_ARROW_SCHEMA)
-        _durable_write(self.path, _with_meta(table, self.meta))
+        try:
+            _durable_write(self.path, _with_meta(table, self.meta))
+        except OSError as error:
+            if not self.keep_on_error:
+                raise
+            self._refused(error, table)
+            return
         self.rows_written = table.num_rows
+        self.write_error, self.rows_lost = "", 0
         self._on_disk = True
+
+    def _refused(self, error: OSError, table: pa.Table) -> None:
+        """A write the disk refused (``keep_on_error``): the rows stay; said once."""
+        self.write_error = f"{type(error).__name__} [Errno {error.errno}] {error.strerror}"
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"collapse-guard: could not write the run file {self.path} ({self.write_error})"
+            f"; {self._unwritten(table)} are kept in memory and written at the next flush "
+            "the disk takes (training goes on; nothing more is said unless close() cannot "
+            f"write them either); free space in {self.path.parent}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _unwritten(self, table: pa.Table) -> str:
+        steps, n = table.column("step"), table.num_rows - self.rows_written
+        if n <= 0:
+            return "its metadata (every row is on disk)"
+        return f"its {n} row(s) not on disk (steps {steps[self.rows_written]}-{steps[-1]})"
 
     def close(self, **meta_updates: Any) -> Path:
         """Flush, apply ``meta_updates`` (e.g. ``onset_step=``), and return the path.
 
         ``extra=`` is merged into the existing extra dict. Idempotent: a second call
-        returns the path; with new ``meta_updates`` it rewrites the metadata.
+        returns the path; with new ``meta_updates`` it rewrites the metadata (and, with
+        ``keep_on_error``, tries again to write what a full disk refused).
         """
         if meta_updates:
             self.update_meta(**meta_updates)
         if not (self._closed and self._on_disk):
             self.flush()
         self._closed = True
+        if not self._on_disk and self.keep_on_error:
+            self.rows_lost = self.rows_appended - self.rows_written
+            table = pa.Table.from_batches(self._batches, schema=_ARROW_SCHEMA)
+            lost = self._unwritten(table)
+            warnings.warn(
+                f"collapse-guard: the run file {self.path} could not be written at close "
+                f"({self.write_error}): {lost} are lost (the file on disk holds the first "
+                f"{self.rows_written} row(s)); free space and call close() again to keep them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return self.path
 
     def update_meta(self, **updates: Any) -> None:

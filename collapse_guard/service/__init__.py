@@ -22,6 +22,8 @@ from importlib import import_module
 from typing import Any
 
 __all__ = [
+    "AnswerTooLarge",
+    "InvalidAnswer",
     "RequestRejected",
     "RiskClient",
     "RiskServiceError",

@@ -140,7 +140,7 @@ def nanogpt_loop(folder: Path) -> ClientRun:
     torch.manual_seed(0)
     model = GPT()
     optimizer = model.configure_optimizers(0.1, nanogpt_lr(0), (0.9, 0.95))
-    guard = Guard(model, optimizer, folder, config={"clip": 1.0})
+    guard = Guard(model, optimizer, folder, policy={"clip": 1.0})
     text, generator = _tokens(), torch.Generator().manual_seed(0)
     lrs = []
     for it in range(STEPS):

@@ -4,8 +4,12 @@ averages only the checkpoints that share a basin with the newest."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import pickle
+import re
 import shutil
 import warnings
 
@@ -103,7 +107,9 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_names_it(folder, kind):
     guard = Guard(model, opt, tmp_path, risk="off")
     with pytest.warns(RuntimeWarning, match=r"skipped 1 damaged checkpoint.*guard-000000031\.pt"):
         step = guard.resume()
-    assert step == 26  # the newest valid one: the state after step 25
+    # the newest valid one, the state after step 25, is loaded; the run had recorded (and
+    # finished) up to step 30, so it goes on at 31: no step recorded twice (issue 31, case 9)
+    assert step == 31
     assert not newest.exists() and (tmp_path / "guard-000000031.pt.corrupt").exists()
     expected = torch.load(tmp_path / ring[-2], weights_only=True)["model"]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in expected.items())
@@ -203,3 +209,119 @@ def test_rollback_averages_only_checkpoints_that_share_the_newests_basin(tmp_pat
     # an older checkpoint with no recorded loss: the newest alone
     unknown = _hand_ring(tmp_path / "unknown", [(100, float("nan"), 1.0), (200, 2.44, 2.0)])
     assert len(unknown.basin(300, 0.05)) == 1
+
+
+# issue 31, case 6: checkpoints that load but must not be trusted. Each is the newest of
+# a finished run's ring (RING); the resume falls back to the one before, names the file
+# and why, and sets it aside.
+
+
+def _resave(path, change, keep_sidecar):
+    """Rewrite checkpoint ``path`` as ``change(state)`` returns it (``torch.save``: its zip
+    checksums match): its sidecar deleted, or recomputed for the new bytes."""
+    state = change(torch.load(path, weights_only=True))
+    torch.save(state, path)
+    if keep_sidecar:
+        sidecar(path).write_text(
+            json.dumps(
+                {
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "bytes": path.stat().st_size,
+                    "step": 31,
+                    "loss": 1.0,
+                }
+            )
+        )
+    else:
+        sidecar(path).unlink()
+
+
+def _nan_weight(state):
+    next(v for v in state["model"].values() if v.is_floating_point()).view(-1)[0] = math.nan
+    return state
+
+
+def _wrong_shape(state):
+    name = next(k for k, v in state["model"].items() if v.dim() == 2)
+    state["model"][name] = torch.zeros(3, 3)
+    return state
+
+
+def _moment_shape(state):
+    next(iter(state["optimizer"]["state"].values()))["exp_avg"] = torch.zeros(3)
+    return state
+
+
+def _broken_guard_state(state):
+    state["guard"]["trajectory"] = {}  # passes the checks; Guard.load_state_dict fails
+    return state
+
+
+def _exp_avg_bit_flip(path):
+    """One bit of one AdamW exp_avg value flipped in the file (still finite), sidecar gone."""
+    state = torch.load(path, weights_only=True)
+    moment = next(iter(state["optimizer"]["state"].values()))["exp_avg"]
+    data = bytearray(path.read_bytes())
+    at = bytes(data).find(moment.numpy().tobytes())
+    assert at > 0 and bytes(data).count(moment.numpy().tobytes()) == 1
+    data[at] ^= 0x01  # the lowest mantissa bit of its first element
+    path.write_bytes(bytes(data))
+    sidecar(path).unlink()
+    flipped = torch.load(path, weights_only=True)["optimizer"]["state"][0]["exp_avg"]
+    assert torch.isfinite(flipped).all() and not torch.equal(flipped, moment)
+
+
+UNTRUSTED = {
+    "nan_sidecar_deleted": (lambda p: _resave(p, _nan_weight, False), r"holds NaN or inf"),
+    "nan_sidecar_recomputed": (lambda p: _resave(p, _nan_weight, True), r"holds NaN or inf"),
+    "bit_flip_sidecar_deleted": (_exp_avg_bit_flip, r"fails its zip checksum \(CRC-32\)"),
+    "format_and_step_only": (
+        lambda p: _resave(p, lambda s: {"format": 1, "step": 161}, False),
+        r"lacks \['model', 'optimizer', 'guard'\]",
+    ),
+    "wrong_shape": (
+        lambda p: _resave(p, _wrong_shape, True),
+        r"does not match this model \(shapes .*\(3, 3\) where the model has",
+    ),
+    "optimizer_shape": (
+        lambda p: _resave(p, _moment_shape, True),
+        r"optimizer state 'exp_avg' of parameter 0 has shape \(3,\)",
+    ),
+    "load_raises": (
+        lambda p: _resave(p, _broken_guard_state, True),
+        r"does not load into this model \(KeyError",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNTRUSTED))
+def test_a_checkpoint_that_loads_but_is_wrong_is_skipped_and_named(folder, kind):
+    damage, why = UNTRUSTED[kind]
+    newest = folder / RING[-1]
+    damage(newest)
+    model, opt = tiny_model(seed=5)
+    guard = Guard(model, opt, folder, risk="off")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = guard.resume()
+    said = [str(w.message) for w in caught if "skipped" in str(w.message)]
+    assert len(said) == 1, said  # one warning, naming the file and why
+    assert re.search(r"skipped 1 damaged checkpoint.*guard-000000031\.pt: .*" + why, said[0])
+    assert step == 31  # the run recorded up to 30: it goes on after (case 9)
+    assert not newest.exists() and (folder / "guard-000000031.pt.corrupt").exists()
+    expected = torch.load(folder / RING[-2], weights_only=True)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in expected["model"].items())
+    moments = opt.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(moments, expected["optimizer"]["state"][0]["exp_avg"])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    guard.close()
+
+
+def test_an_untrusted_checkpoint_asked_for_by_name_is_an_error_naming_it(folder):
+    newest = folder / RING[-1]
+    _resave(newest, _nan_weight, True)
+    model, opt = tiny_model()
+    guard = Guard(model, opt, folder, risk="off")
+    with pytest.raises(CorruptCheckpoint, match=r"guard-000000031\.pt: .*holds NaN or inf"):
+        guard.resume(newest)
+    guard.close()

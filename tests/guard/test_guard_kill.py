@@ -103,3 +103,77 @@ def test_sigkill_at_random_moments_loses_nothing_before_the_durable_point(tmp_pa
         f"\nkills tried {KILLS}, steps {STEPS}, steps lost per kill {lost} "
         f"(mean {sum(lost) / len(lost):.1f}, max {max(lost)}), files in the chain {len(chain)}"
     )
+
+
+# issue 31, case 9: a resume after the run finished (or after rows were made durable past
+# the newest checkpoint) goes on after the last step recorded, and says so.
+
+
+def _loop(guard, model, opt, steps):
+    from guard_helpers import Loop
+
+    for step in steps:  # kill_worker's loop: each step's batch depends on the step alone
+        guard.step(Loop(seed=step).loss(model))
+        opt.zero_grad()
+
+
+def _resumed(folder):
+    import warnings
+
+    from guard_helpers import tiny_model
+
+    from collapse_guard.guard import Guard
+
+    model, opt = tiny_model(seed=3)
+    guard = Guard(model, opt, folder, risk="off", policy=_CONFIG)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = guard.resume()
+    said = [str(w.message) for w in caught if "recorded twice" in str(w.message)]
+    return guard, model, opt, start, said
+
+
+_CONFIG = {"checkpoint_every": 3, "healthy_quiet_steps": 2}  # kill_worker.CONFIG
+
+
+def test_a_resume_after_a_finished_run_records_no_step_twice(tmp_path):
+    from guard_helpers import tiny_model
+
+    from collapse_guard.guard import Guard
+
+    model, opt = tiny_model()
+    first = Guard(model, opt, tmp_path, risk="off", policy=_CONFIG)
+    _loop(first, model, opt, range(20))
+    first.close()  # finished: steps 0-19
+    newest = int(first.ring.newest().name[6:15])
+    assert newest < 20  # the last checkpoint is older than the last step: the case
+    guard, model, opt, start, said = _resumed(tmp_path)
+    assert start == 20 and guard.step_index == 20
+    assert len(said) == 1 and f"run {first.run_id} finished (closed normally)" in said[0]
+    assert "at step 19" in said[0] and "no step is trained or recorded twice" in said[0]
+    _loop(guard, model, opt, range(start, 24))
+    guard.close()
+    second, meta = read_run(guard.run_path)
+    assert meta.extra["continues"]["step"] == 20 and second["step"].tolist() == [20, 21, 22, 23]
+    steps = read_run(first.run_path)[0]["step"].tolist() + second["step"].tolist()
+    assert steps == list(range(24))  # every step once
+
+
+def test_a_resume_after_a_crash_trains_again_from_the_checkpoint(tmp_path):
+    from guard_helpers import tiny_model
+
+    from collapse_guard.guard import Guard
+
+    model, opt = tiny_model()
+    first = Guard(model, opt, tmp_path, risk="off", policy=_CONFIG)
+    _loop(first, model, opt, range(14))
+    first._writer.flush()  # a chunk made durable after the checkpoint; then killed
+    newest = int(first.ring.newest().name[6:15])
+    assert newest < 14
+    guard, model, opt, start, said = _resumed(tmp_path)
+    # the process stopped (no normal close): the steps after the checkpoint train again
+    assert start == newest and said == []
+    _loop(guard, model, opt, range(start, 16))
+    guard.close()
+    assert read_run(guard.run_path)[0]["step"].tolist() == list(range(newest, 16))
+    assert read_run(first.run_path)[0]["step"].tolist() == list(range(14))

@@ -226,3 +226,157 @@ def test_read_answer_takes_only_a_risk():
             read_answer(SimpleNamespace(**{**vars(good), **bad}))
     with pytest.raises(GarbageAnswer):
         read_answer(SimpleNamespace(probability=0.3, level="ok"))  # no hold_steps at all
+
+
+# ------------------------------------------- issue 31: answers coerced, answers unbounded
+class HostileAnswers:
+    """A loopback HTTP server whose /risk answers 200 with 50 MB of an unfinished JSON
+    body (no Content-Length: read until the close) or one byte every 0.5 s (``kind``
+    ``"huge"`` or ``"trickle"``); ``arrivals`` are the monotonic times of its requests."""
+
+    def __init__(self, kind: str) -> None:
+        self.arrivals: list[float] = []
+        self.stop = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.arrivals.append(time.monotonic())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if kind == "huge":
+                    self.send_header("Connection", "close")
+                else:
+                    self.send_header("Content-Length", "100000")
+                self.end_headers()
+                try:
+                    if kind == "huge":
+                        self.wfile.write(b'{"results": ["')
+                        for _ in range(50 * 16):  # 50 MB in 64 KiB writes
+                            self.wfile.write(b"x" * 65536)
+                    else:
+                        while not owner.stop.wait(0.5):
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                except OSError:  # the client gave up, as it should
+                    pass
+                self.close_connection = True
+
+            def do_GET(self) -> None:
+                self.send_response(404)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _service_guarded(tmp_path, risk_model, risk, steps: int = 20):
+    """A guarded loop with ``Guard(risk=risk)``: its decisions, the guard and the
+    collapse-guard warnings given."""
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk=risk, policy={"risk_every": 5})
+    guard.risk.fallback.model = risk_model  # the session's copy, as the embedded model
+    loop = Loop()
+    decisions = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            decisions.append(guard.step(loop.loss(model)))
+            opt.zero_grad()
+        guard.close()
+    said = [str(w.message) for w in caught if "collapse-guard:" in str(w.message)]
+    return decisions, guard, said
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        _answer(probability=True, level="critical"),  # was read as 1.0 and acted on
+        _answer(probability="0.5"),
+        _answer(hold_steps="50"),
+        _answer(probability=1, level="critical", step="9"),
+    ],
+    ids=["p-true-critical", "p-str", "hold-str", "step-str"],
+)
+def test_an_answer_a_lax_reader_would_coerce_is_refused_and_never_acted_on(
+    tmp_path, risk_model, result
+):
+    from collapse_guard.guard import ServiceRisk
+
+    server = FixedAnswers(result)
+    try:
+        decisions, guard, said = _service_guarded(
+            tmp_path, risk_model, ServiceRisk(server.url, timeout=2.0)
+        )
+    finally:
+        server.close()
+    assert server.requests >= 1 and guard.step_index == 20
+    assert [d.level for d in decisions] == ["ok"] * 20  # the embedded model's, never critical
+    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+    failed = [m for m in said if "risk service failed" in m]
+    assert len(failed) == 1 and "InvalidAnswer" in failed[0], said
+
+
+@pytest.mark.parametrize("kind", ["huge", "trickle"])
+def test_a_50_MB_or_trickling_answer_ends_within_the_timeout_and_training_goes_on(
+    tmp_path, risk_model, kind
+):
+    from collapse_guard.guard import ServiceRisk
+
+    timeout = 2.0
+    server = HostileAnswers(kind)
+    try:
+        decisions, guard, said = _service_guarded(
+            tmp_path, risk_model, ServiceRisk(server.url, timeout=timeout)
+        )
+        # each request ends by its deadline, so the source's thread ends within the
+        # timeout (+ 1 s) of the last request it made (a trickle never ends on its own)
+        left = server.arrivals[-1] + timeout + 1.0 - time.monotonic()
+        guard.risk._thread.join(timeout=max(0.0, left))
+        assert not guard.risk._thread.is_alive()
+    finally:
+        server.close()
+    assert guard.step_index == 20 and server.arrivals
+    assert [d.level for d in decisions] == ["ok"] * 20
+    assert guard.risk_source == "embedded"
+    assert len([m for m in said if "risk service failed" in m]) == 1, said
+    assert len(read_run(guard.run_path)[0]) == 20
+
+
+def test_the_guard_and_the_client_read_hold_steps_with_one_bound():
+    from collapse_guard.service.client.wire import MAX_HOLD_STEPS as CLIENT_BOUND
+
+    assert MAX_HOLD_STEPS == CLIENT_BOUND
+
+
+def test_thresholds_from_the_service_are_numbers_in_0_1_rising_or_none():
+    from collapse_guard.guard.risk_source import _thresholds
+
+    good = {"watch": 0.1, "warn": 0.2, "critical": 0.3}
+    assert _thresholds(good) == good
+    for bad in (
+        {"watch": "0.1"},  # a string is no number
+        {"watch": True},
+        {"critical": 1.5},  # at or over 1: the level could never fire
+        {"critical": 1.0},
+        {"watch": 0.0},
+        {"watch": float("nan")},
+        {"warn": 0.05},  # not rising
+    ):
+        assert _thresholds({**good, **bad}) is None, bad
+    assert _thresholds({"watch": 0.1, "warn": 0.2}) is None

@@ -411,7 +411,8 @@ def test_guarded_loop_clips_records_events_and_keeps_state(tmp_path):
     assert again.qk_pending == guard.qk_pending and again.qk_clips == guard.qk_clips
     # resume from the ring (its newest checkpoint: after step 10, whose pass planned)
     resumed = Guard(*tiny_model(seed=1), tmp_path, risk="off", policy=guard.policy, record=False)
-    assert resumed.resume() == 11
+    with pytest.warns(RuntimeWarning, match="finished"):  # the run recorded steps 0-20:
+        assert resumed.resume() == 21  # it goes on after them (issue 31, case 9)
     assert resumed.qk_pending and resumed.qk_clips == sum(
         e.startswith("qk_clip:") for s, e in guard.events if s <= 10
     )

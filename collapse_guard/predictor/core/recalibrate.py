@@ -27,10 +27,15 @@ bound (Garwood 1936) puts the rate below ``chi2.ppf(c, 2e + 2) / (2N)`` with con
    A logistic or exponential tail is a straight line on that scale. The level is recorded
    as ``certified: false`` with the steps that would certify it.
 
-Runs that collapsed are refused (a false-alarm level is set on healthy steps only; a run
-without a label is labelled here by ``runfiles.label``), and so are runs the model trained
-on (their risks are what the model learned, not what a new run will give; its validation
-runs are allowed: levels were set on them before).
+Runs that no healthy step can come from are refused, each kind in one error naming the
+runs: a run with no rows, a run whose steps do not strictly increase (a step repeated or
+going back; ``runfiles.records.check_steps``), and a copy of another calibration run (the
+same ``runfiles.records.content_fingerprint``, whatever its file or run id: its steps are
+the other's, counted twice, and 10,000 copies of one run would certify budgets that one
+run cannot). Runs that collapsed are refused (a false-alarm level is set on healthy steps
+only; a run without a label is labelled here by ``runfiles.label``), and so are runs the
+model trained on (their risks are what the model learned, not what a new run will give;
+its validation runs are allowed: levels were set on them before).
 The result is a model version like any other: saved, loaded, served, registered in MLflow
 (:func:`collapse_guard.predictor.lifecycle.registry.log_calibration`), taken by the guard; its
 ``version`` names its content (``<base version>-cal-<fingerprint>``) and its meta the runs
@@ -54,7 +59,13 @@ from collapse_guard.predictor.core.levels import LEVELS, Level, episode_counts
 from collapse_guard.predictor.core.seen_runs import SeenRuns, merged_ids, stored_ids
 from collapse_guard.runfiles import RunMeta
 from collapse_guard.runfiles.label import label_run
-from collapse_guard.runfiles.records import RunRecord, find_run_files, load_runs
+from collapse_guard.runfiles.records import (
+    RunRecord,
+    check_steps,
+    content_fingerprint,
+    find_run_files,
+    load_runs,
+)
 
 
 class _Model(Protocol):
@@ -225,6 +236,56 @@ def _records(runs: RunsLike) -> list[RunRecord]:
     return records + (load_runs(find_run_files(paths)) if paths else [])
 
 
+def _named(record: RunRecord) -> str:
+    return f"{record.run_id} ({record.path})" if record.path is not None else record.run_id
+
+
+def _why_empty(record: RunRecord) -> str:
+    censoring = record.meta.extra.get("censoring") or {}
+    if censoring.get("rows_before"):  # a guarded run: its rows after the guard acted are out
+        return (
+            f"{_named(record)}: all {censoring['rows_before']} rows censored, the guard first "
+            f"acted at step {censoring.get('first_intervention')}"
+        )
+    return _named(record)
+
+
+def _refuse_empty(records: Sequence[RunRecord]) -> None:
+    empty = [r for r in records if r.n_rows == 0]
+    if empty:
+        named = ", ".join(_why_empty(r) for r in empty[:5])
+        raise UserInputError(
+            f"{len(empty)} of {len(records)} calibration runs have no rows: {named}",
+            "a run gives healthy steps through its rows only; remove the empty runs "
+            "(or calibrate once they have trained)",
+        )
+
+
+def _refuse_copies(records: Sequence[RunRecord]) -> None:
+    # a copy is no new healthy step: counted, it would certify budgets that one run cannot
+    first: dict[str, RunRecord] = {}
+    copies: list[tuple[RunRecord, RunRecord]] = []
+    for record in records:
+        original = first.setdefault(content_fingerprint(record.frame), record)
+        if original is not record:
+            copies.append((record, original))
+    if copies:
+        named = ", ".join(f"{_named(c)} is a copy of {_named(o)}" for c, o in copies[:5])
+        raise UserInputError(
+            f"{len(copies)} of {len(records)} calibration runs hold the same steps and signals "
+            f"as another (the same content fingerprint): {named}",
+            "remove the copy (keep one file of each run): its steps are no new healthy steps",
+        )
+
+
+def _refuse_unusable(records: Sequence[RunRecord]) -> None:
+    """Runs no healthy step can come from: empty, steps out of order, copies."""
+    _refuse_empty(records)
+    for record in records:  # files were checked as read, before censoring; frames here
+        check_steps(record.frame, f"calibration run {_named(record)}")
+    _refuse_copies(records)
+
+
 def _onset(record: RunRecord) -> int | None:
     if record.meta.onset_step is not None or record.meta.label_version is not None:
         return record.meta.onset_step
@@ -265,8 +326,9 @@ def calibrate(
 
     ``runs``: run files or folders of them, ``RunRecord``s or frames (``step`` + signals).
     ``budgets``: healthy steps between false alarms per level; default the model's own.
-    Refuses runs that collapsed and runs the model trained on (:class:`UserInputError`,
-    naming them). ``meta["levels_evidence"]`` says per level
+    Refuses empty runs, runs whose steps do not strictly increase, copies of another
+    calibration run, runs that collapsed and runs the model trained on
+    (:class:`UserInputError`, naming them). ``meta["levels_evidence"]`` says per level
     whether the budget is certified and how many healthy steps would certify it.
     """
     _check_confidence(confidence)  # before any run is read or scored
@@ -275,6 +337,7 @@ def calibrate(
         raise UserInputError(
             "no calibration runs given", "pass healthy run files of your set-up (--runs DIR)"
         )
+    _refuse_unusable(records)
     _refuse_collapsed(records)
     _refuse_trained_on(model, records)
     # at the recorded rows, as the evaluation scores a run (a row gap is no healthy step)

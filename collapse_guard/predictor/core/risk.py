@@ -22,7 +22,10 @@ file                  what
 
 Loading checks that the stored feature schema is exactly what this code's
 feature extractor computes (version, window, signals, names); a mismatch is an error
-that says how to fix it, never silently wrong probabilities.
+that says how to fix it, never silently wrong probabilities. The folder is read by
+:mod:`.model_file`, the one loader: ``model.txt`` proven whole and readable by LightGBM in
+a child process before it is parsed here, levels and hold checked (a NaN, > 1,
+negative or unordered level, or a hold outside [0, 10,000], is a ModelFormatError).
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.hold import hold_risk
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, LEVELS, Level, level_of
 from collapse_guard.predictor.core.model import check_feature_names
+from collapse_guard.predictor.core.model_file import (
+    BOOSTER_FILE,
+    FORMAT_VERSION,
+    SPEC_FILE,
+    ModelFormatError,
+    read_model_folder,
+)
 
 __all__ = [
     "DEFAULT_MODEL_DIR",
@@ -52,15 +62,10 @@ __all__ = [
     "RiskModel",
 ]
 
-FORMAT_VERSION = 1  # layout of the folder; bump when a file or a key changes meaning
 MODEL_NAME = "collapse-predictor"
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default_model"  # predictor/default_model
-_BOOSTER_FILE = "model.txt"
-_SPEC_FILE = "risk_model.json"
-
-
-class ModelFormatError(ValueError):
-    """A model folder cannot be used with this code (names the folder and the fix)."""
+_BOOSTER_FILE = BOOSTER_FILE
+_SPEC_FILE = SPEC_FILE
 
 
 class RiskModel:
@@ -276,34 +281,27 @@ class RiskModel:
 
     @classmethod
     def load_folder(cls, folder: str | Path) -> RiskModel:
-        """Load a folder written by :meth:`save`, checking format and feature schema."""
+        """Load a folder written by :meth:`save`, checking format, levels, hold and
+        feature schema, its ``model.txt`` proven whole and readable by LightGBM in a child
+        process first (:func:`~collapse_guard.predictor.core.model_file.read_model_folder`:
+        a damaged file is a ModelFileError, never this process's crash)."""
         folder = Path(folder)
-        spec_path, booster_path = folder / _SPEC_FILE, folder / _BOOSTER_FILE
-        if not spec_path.is_file() or not booster_path.is_file():
-            raise FileNotFoundError(
-                f"{folder} is not a model folder: expected {_SPEC_FILE} and {_BOOSTER_FILE} "
-                "in it (written by RiskModel.save)"
-            )
-        spec = json.loads(spec_path.read_text(encoding="utf-8"))
-        if spec.get("format_version") != FORMAT_VERSION:
-            raise ModelFormatError(
-                f"{folder}: model format version {spec.get('format_version')!r}, this code "
-                f"reads version {FORMAT_VERSION}; retrain the model with this version "
-                "(collapse-guard train) or use the collapse-guard release that saved it"
-            )
+        files = read_model_folder(folder)
+        spec = files.spec
         # the version first: an older schema dict lacks keys this code's has (context)
         _check_version(spec["schema"].get("version"), folder)
         schema = FeatureSchema.from_dict(spec["schema"])
         _check_schema(schema, folder)
-        booster = lgb.Booster(model_str=booster_path.read_text(encoding="utf-8"))
+        # the very bytes the child loaded: nothing here parses what it could not
+        booster = lgb.Booster(model_str=files.booster_text)
         model = cls(
             booster,
             schema,
             Calibrator.from_dict(spec["calibration"]),
-            spec["thresholds"],
+            files.thresholds,
             horizon=spec["horizon"],
             budgets=spec.get("budgets", DEFAULT_BUDGETS),
-            hold_steps=spec.get("hold_steps", 0),  # before the hold: levels on raw risk
+            hold_steps=files.hold_steps,  # absent before the hold: 0, levels on raw risk
             meta=spec.get("meta", {}),
         )
         model.meta["source"] = str(folder)

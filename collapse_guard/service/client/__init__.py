@@ -16,6 +16,8 @@ reverse.
 from __future__ import annotations
 
 from collapse_guard.service.client.errors import (
+    AnswerTooLarge,
+    InvalidAnswer,
     RequestRejected,
     RiskServiceError,
     ServiceTimeout,
@@ -26,6 +28,8 @@ from collapse_guard.service.client.raw_run import as_raw_run
 from collapse_guard.service.client.risk_client import RiskClient
 
 __all__ = [
+    "AnswerTooLarge",
+    "InvalidAnswer",
     "RequestRejected",
     "RiskClient",
     "RiskServiceError",

@@ -1,7 +1,9 @@
 """What the client raises: one small hierarchy (after httpx's own), all :class:`RiskServiceError`.
 
-:class:`ServiceUnavailable` (cannot connect, connection lost, 5xx), :class:`ServiceTimeout`,
-and :class:`RequestRejected` (a 4xx, with the server's message).
+:class:`ServiceUnavailable` (cannot connect, connection lost, 5xx), :class:`ServiceTimeout`
+(no whole answer within the client's timeout), :class:`RequestRejected` (a 4xx, with the
+server's message) and :class:`InvalidAnswer` (a 2xx that is not the route's answer, read
+strictly; :class:`AnswerTooLarge`: longer than the client reads).
 """
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RequestRejected", "RiskServiceError", "ServiceTimeout", "ServiceUnavailable"]
+__all__ = [
+    "AnswerTooLarge",
+    "InvalidAnswer",
+    "RequestRejected",
+    "RiskServiceError",
+    "ServiceTimeout",
+    "ServiceUnavailable",
+]
 
 
 class RiskServiceError(Exception):
@@ -21,7 +30,7 @@ class ServiceUnavailable(RiskServiceError):
 
 
 class ServiceTimeout(RiskServiceError):
-    """No answer within the client's timeout."""
+    """No whole answer within the client's timeout (connect, send and every read together)."""
 
 
 class RequestRejected(RiskServiceError):
@@ -31,3 +40,13 @@ class RequestRejected(RiskServiceError):
         self.status, self.message, self.body = status, message, dict(body or {})
         self.field = self.body.get("field")
         super().__init__(f"HTTP {status}: {message}")
+
+
+class InvalidAnswer(RiskServiceError):
+    """The service answered, but not with the route's answer: a body that is not its wire
+    type read strictly (a boolean or a string for a number, an unknown level), or a value
+    out of range (a probability outside [0, 1], a ``hold_steps`` outside its bound)."""
+
+
+class AnswerTooLarge(InvalidAnswer):
+    """An answer longer than the client's ``max_answer_bytes``: refused, the rest unread."""

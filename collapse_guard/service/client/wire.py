@@ -13,6 +13,11 @@ holding a number as JSON writes one (``"2.5"``, ``"-1e-3"``) are read as that nu
 any other string, a boolean, a list or an object is rejected with a 400 that names the
 field. Steps and ``top_k`` are JSON integers (not booleans, not ``2.0``). The published
 schema (``/docs.json``) says exactly this, so that what it allows is what is read.
+
+Answers, as the client reads them: strictly (pydantic's strict mode on every field:
+``true`` and ``"0.5"`` are not numbers, ``"50"`` and ``50.0`` not integers, a level one of
+the four names exactly), a probability finite in [0, 1] and a ``hold_steps`` in [0,
+:data:`MAX_HOLD_STEPS`]; anything else is refused (``RiskClient``: ``InvalidAnswer``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from collapse_guard.predictor.core.hold import MAX_HOLD_STEPS
 from collapse_guard.predictor.core.levels import Level
 
 __all__ = [
     "ERROR_EXAMPLE",
+    "MAX_HOLD_STEPS",
     "MAX_TOP_K",
     "NUMBER_TEXT",
     "ErrorBody",

@@ -8,8 +8,10 @@ Before a new model serves, it scores a known window (:func:`known_window`, fixed
 numbers) through the service's own path and through ``RiskModel.predict_window``; the
 two must agree to the bit and give a finite probability in [0, 1]. That catches a model
 whose feature schema or calibration this code cannot run, before any caller sees it. Its
-files are read first by a child process (model_check.py): a file that crashes LightGBM
-is a :class:`ModelLoadError`, never the worker's death.
+files are read by ``RiskModel.load_folder`` (predictor.core.model_file, the one loader):
+``model.txt`` proven whole and loaded by a child process first, so a file that crashes
+LightGBM is a :class:`ModelLoadError`, never the worker's death; tampered levels or hold
+are one too.
 
 A served version names the model's content, not only its label: a folder's label
 (``meta["version"]``) gets ``+`` and 8 hex digits of ``RiskModel.fingerprint()`` (trees,
@@ -41,11 +43,6 @@ import numpy as np
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.core.levels import RISK_LEVELS
 from collapse_guard.service.client.wire import ModelInfo, SchemaInfo
-from collapse_guard.service.server.model_check import (
-    BOOSTER_FILE,
-    check_booster_file,
-    staged_model,
-)
 from collapse_guard.service.server.scoring import ServedModel
 from collapse_guard.service.server.windows import RunWindow, WindowBatch
 
@@ -189,8 +186,9 @@ def _content_version(model: Any, numbered: bool) -> str:
 
 
 def _load_checked(source: str) -> tuple[Any, bool]:
-    """The model of ``source``, its files parsed by a child first; and whether the
-    registry numbered it (a registry version, whose number names one upload)."""
+    """The model of ``source``, its files checked and parsed by a child first
+    (``RiskModel.load_folder``); and whether the registry numbered it (a registry
+    version, whose number names one upload)."""
     from collapse_guard.predictor.core import store
     from collapse_guard.predictor.core.risk import DEFAULT_MODEL_DIR, RiskModel  # lightgbm
 
@@ -200,17 +198,13 @@ def _load_checked(source: str) -> tuple[Any, bool]:
         model.meta |= {**stamp, "source": source}  # as RiskModel.load stamps it
         return model, bool(stamp)
     folder = DEFAULT_MODEL_DIR if source == DEFAULT_SOURCE else Path(source)
-    with staged_model(folder) as copy:
-        model = _named_as(str(folder), copy, RiskModel.load_folder)
-    model.meta["source"] = str(folder)  # where it came from, not the private copy
-    return model, False
+    # no private copy: the loader holds the bytes its child checked, and parses those
+    return RiskModel.load_folder(folder), False
 
 
 def _named_as(name: str, folder: Path, load: Callable[[Path], Any]) -> Any:
-    """``load(folder)`` after the child read its booster file; errors name ``name``
-    where they named the private copy."""
+    """``load(folder)``; errors name ``name`` where they named the private download."""
     try:
-        check_booster_file(folder / BOOSTER_FILE)
         return load(folder)
     except Exception as error:
         raise ValueError(str(error).replace(str(folder), name)) from None

@@ -20,6 +20,7 @@ Environment (read by every worker):
 ``COLLAPSE_GUARD_TOKEN``       bearer token for every route but the health probes
 ``COLLAPSE_GUARD_POLL``        seconds between checks of a models:/ alias (0: off)
 ``COLLAPSE_GUARD_WORKERS``     worker processes (read when this module is imported)
+``COLLAPSE_GUARD_RELOAD_*``    the workers' private reload channel (``reload_channel``)
 ``COLLAPSE_GUARD_MAX_*``       limits, and ``COLLAPSE_GUARD_BODY_IDLE_SECONDS`` (``Limits``)
 =============================  ==============================================================
 """
@@ -34,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import gc
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
@@ -61,6 +63,7 @@ from collapse_guard.service.middleware.memory import keep_freed_memory
 from collapse_guard.service.middleware.metrics import fold_unknown_paths, metrics
 from collapse_guard.service.server.arrow_reader import decode_runs
 from collapse_guard.service.server.json_reader import read_plain_json
+from collapse_guard.service.server.lifeline import end_with_parent
 from collapse_guard.service.server.model_state import (
     ModelHolder,
     ModelLoadError,
@@ -70,7 +73,12 @@ from collapse_guard.service.server.model_state import (
     scrub_paths,
 )
 from collapse_guard.service.server.openapi import ERROR_RESPONSES, body_of
-from collapse_guard.service.server.reload_channel import Follower, ReloadChannel
+from collapse_guard.service.server.reload_channel import (
+    ChannelRefused,
+    Follower,
+    ReloadChannel,
+    name_channel_for_workers,
+)
 from collapse_guard.service.server.scoring import answers_json
 from collapse_guard.service.server.window_checks import check_batch_size, from_json_run
 from collapse_guard.service.server.windows import WindowBatch
@@ -80,6 +88,16 @@ __all__ = ["MODEL_ENV", "POLL_ENV", "WORKERS_ENV", "RiskService", "app"]
 MODEL_ENV = "COLLAPSE_GUARD_MODEL"
 POLL_ENV = "COLLAPSE_GUARD_POLL"
 WORKERS_ENV = "COLLAPSE_GUARD_WORKERS"
+
+if bentoml.server_context.worker_index is not None:
+    # a worker of `bentoml serve` (set before it imports us): circus starts each worker in
+    # a session of its own, so a killed server would leave it answering (lifeline.py)
+    end_with_parent()
+else:
+    # the process that starts the workers imports us first: name their private channel
+    name_channel_for_workers()
+
+log = logging.getLogger(__name__)
 
 # docs routes off: BentoML serves the OpenAPI document (/docs.json) and Swagger UI (/)
 app = FastAPI(title="collapse-guard risk service", docs_url=None, redoc_url=None, openapi_url=None)
@@ -247,7 +265,15 @@ class RiskService:
                     f"fix the source and reload again; version {current.version} keeps serving",
                     status=409,
                 ) from None
-            self.follower.mark_seen(self.channel.publish(new.source))
+            try:
+                self.follower.mark_seen(self.channel.publish(new.source))
+            except (ChannelRefused, OSError) as error:  # this worker did swap: say so
+                log.error(
+                    "reload: this worker serves %s, but the other workers were not told "
+                    "(reload channel: %s); reload again once the channel is fixed",
+                    new.version,
+                    error,
+                )
             self.metrics.reloads.labels(outcome="ok").inc()
             return ReloadResponse(
                 reloaded=new.version != previous.version,

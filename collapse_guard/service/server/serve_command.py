@@ -14,9 +14,6 @@ import errno
 import os
 import socket
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -61,18 +58,17 @@ def _check_port(host: str, port: int) -> None:
 
 def serve_environment(model: str | None, workers: int, poll: float) -> dict[str, str]:
     """The environment the service's workers read (risk_service.py's table)."""
-    # a file no earlier server wrote (this pid, now), made only by a first reload: no
-    # folder left behind in the temp directory per serve
-    reload_file = Path(tempfile.gettempdir()) / (
-        f"collapse-guard-reload-{os.getpid()}-{time.time_ns()}.json"
-    )
+    # the workers' reload channel: a name no other process can guess (reload_channel.py),
+    # made only by a first reload: no folder left behind in the temp directory per serve
+    from collapse_guard.service.server.reload_channel import fresh_channel_path
+
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "passive")  # before lightgbm (docs/stack.md, "OpenMP")
     env.update(
         COLLAPSE_GUARD_MODEL=model or "default",
         COLLAPSE_GUARD_WORKERS=str(workers),
         COLLAPSE_GUARD_POLL=str(poll),
-        COLLAPSE_GUARD_RELOAD_FILE=str(reload_file),  # fresh: no stale reloads
+        COLLAPSE_GUARD_RELOAD_FILE=str(fresh_channel_path()),  # fresh: no stale reloads
     )
     return env
 

@@ -218,3 +218,121 @@ def test_the_readme_example_runs_as_written(healthy_fresh, tmp_path, monkeypatch
     exec(compile(block, "README.md", "exec"), namespace)
     assert RiskModel.load("models/my-setup").thresholds == namespace["mine"].thresholds
     assert namespace["mine"].meta["levels_evidence"]["warn"]["healthy_steps"] > 0
+
+
+# ------------------------------------------------------------------ hostile runs (issue 31)
+
+
+def _hostile_copy(source: Path, target: Path, run_id: str, rows=None, steps=None) -> Path:
+    """``source`` written again as ``target`` under ``run_id``, raw (no RunWriter, which
+    refuses what these hold): its first ``rows`` rows, its steps changed by ``steps``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collapse_guard.runfiles import META_KEY
+
+    table = pq.read_table(source)
+    if rows is not None:
+        table = table.slice(0, rows)
+    if steps is not None:
+        values = table.column("step").to_numpy().copy()
+        steps(values)
+        table = table.set_column(0, "step", pa.array(values, type=pa.int64()))
+    meta = read_meta(source)
+    meta.run_id = run_id
+    metadata = {**table.schema.metadata, META_KEY.encode(): meta.to_json().encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), target)
+    return target
+
+
+def _repeat_step_5(steps):
+    steps[5] = steps[4]
+
+
+def _step_5_back(steps):
+    steps[5] = steps[3]
+
+
+HOSTILE = {
+    "empty": ({"rows": 0}, r"1 of 3 calibration runs have no rows: mine-bad \(.*bad\.parquet\)"),
+    "repeated": (
+        {"steps": _repeat_step_5},
+        r"bad\.parquet \(run 'mine-bad'\): steps must strictly increase; row 5 has step \d+, "
+        r"which repeats step \d+ of row 4",
+    ),
+    "decreasing": (
+        {"steps": _step_5_back},
+        r"bad\.parquet \(run 'mine-bad'\): steps must strictly increase; row 5 has step \d+, "
+        r"which goes back from step \d+ of row 4",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_calibrate_refuses_an_empty_or_unordered_run_naming_its_file(
+    case, bundled, healthy_fresh, tmp_path
+):
+    changes, message = HOSTILE[case]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for path in healthy_fresh[:2]:
+        shutil.copy(path, runs)
+    _hostile_copy(healthy_fresh[2], runs / "bad.parquet", "mine-bad", **changes)
+    with pytest.raises(UserInputError, match=message):
+        calibrate(bundled, [runs])
+    result = CliRunner().invoke(
+        app, ["calibrate", "--runs", str(runs), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()  # one line, no traceback
+    assert line.startswith("error: ") and re.search(message, line), line
+    assert not (tmp_path / "o").exists()
+
+
+def test_calibrate_refuses_copies_of_one_run_naming_each_pair(bundled, healthy_fresh, tmp_path):
+    # 3 files of one run under other names and run ids: one run's healthy steps, not three
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copy(healthy_fresh[1], runs)
+    for i in range(3):
+        _hostile_copy(healthy_fresh[0], runs / f"copy{i}.parquet", f"copy-{i}")
+    message = (
+        r"2 of 4 calibration runs hold the same steps and signals as another \(the same "
+        r"content fingerprint\): copy-1 \(.*copy1\.parquet\) is a copy of copy-0 "
+        r"\(.*copy0\.parquet\), copy-2 \(.*copy2\.parquet\) is a copy of copy-0 .*"
+        r"remove the copy"
+    )
+    with pytest.raises(UserInputError, match=message):
+        calibrate(bundled, [runs])
+    result = CliRunner().invoke(
+        app, ["calibrate", "--runs", str(runs), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: ") and re.search(message, line), line
+    # one copy fewer is still a copy; with one file of the run left it calibrates
+    (runs / "copy2.parquet").unlink()
+    with pytest.raises(UserInputError, match="1 of 3 calibration runs hold the same"):
+        calibrate(bundled, [runs])
+    (runs / "copy1.parquet").unlink()
+    assert calibrate(bundled, [runs]).meta["calibrated_on"] == sorted(
+        ["copy-0", read_meta(healthy_fresh[1]).run_id]
+    )
+
+
+def test_calibrate_refuses_frames_that_copy_or_disorder_a_run(bundled, healthy_fresh):
+    frame = pd.read_parquet(healthy_fresh[0])
+    copy = frame.copy()
+    copy.attrs["run_id"] = "again"
+    with pytest.raises(UserInputError, match=r"again is a copy of frame-0"):
+        calibrate(bundled, [frame, copy])
+    # a signal a frame lacks is one it did not measure: NaN, as the reader gives it
+    mine = frame[["step", "loss", "grad_norm"]]
+    with pytest.raises(UserInputError, match=r"again is a copy of mine"):
+        calibrate(bundled, {"mine": mine, "again": mine.assign(sharpness=np.nan)})
+    backwards = frame.iloc[::-1].reset_index(drop=True)
+    backwards.attrs["run_id"] = "backwards"
+    with pytest.raises(UserInputError, match=r"calibration run backwards: steps must strictly"):
+        calibrate(bundled, [backwards])
+    with pytest.raises(UserInputError, match=r"1 of 1 calibration runs have no rows: empty"):
+        calibrate(bundled, {"empty": frame.iloc[:0]})

@@ -39,7 +39,7 @@ def models(tmp_path_factory):
 
     healthy = [r for r in splits["validation"] if not r.collapsed]
     eager = set_levels(copy("eager"), healthy, {"watch": 10, "warn": 100, "critical": 1000})
-    silent = copy("silent").with_thresholds({"watch": 1.01, "warn": 1.01, "critical": 1.01})
+    silent = copy("silent").with_thresholds({"watch": 1.0, "warn": 1.0, "critical": 1.0})
     return model, eager, silent, splits["test"]
 
 
@@ -97,7 +97,7 @@ def test_champion_moves_only_when_the_rule_says_and_loads_by_alias(store, models
     challenger, champion = better.decision.challenger, better.decision.champion
     # each at its own stored warn level, on the same runs
     assert challenger == promotion.score_at_warn(eager, test_runs)
-    assert champion.threshold == 1.01 and challenger.threshold == eager.thresholds["warn"]
+    assert champion.threshold == 1.0 and challenger.threshold == eager.thresholds["warn"]
     assert (champion.caught, champion.false_alarms) == (0, 0)
     assert challenger.caught == challenger.n_collapsed == 4 and challenger.within_budget
     assert better.promoted and registry.champion_version(name) == "2", better.reason
