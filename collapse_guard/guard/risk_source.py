@@ -297,8 +297,9 @@ class ServiceSource:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            try:
-                self._requests.put_nowait(None)
-            except queue.Full:  # a request is pending: the daemon thread ends with the process
+            try:  # a request still waiting is not asked any more: the thread ends after
+                self._requests.get_nowait()  # the one in flight, not after one more
+            except queue.Empty:
                 pass
+            self._requests.put_nowait(None)  # the only producer is this (training) thread
             self._thread.join(timeout=1.0)

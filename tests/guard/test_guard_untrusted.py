@@ -35,7 +35,21 @@ GOOD = {
 }
 
 
-class FixedAnswers:
+class _Loopback:
+    """A ``ThreadingHTTPServer`` on a free loopback port, serving from a thread of its own."""
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FixedAnswers(_Loopback):
     """A loopback HTTP server whose /risk answers 200 with ``result`` (raw JSON text, so
     NaN and wrong types get through), /model with ``model`` (404 without), /readyz 200,
     and anything else 404."""
@@ -72,14 +86,7 @@ class FixedAnswers:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serve(Handler)
 
 
 def _answer(**fields) -> str:
@@ -229,7 +236,7 @@ def test_read_answer_takes_only_a_risk():
 
 
 # ------------------------------------------- issue 31: answers coerced, answers unbounded
-class HostileAnswers:
+class HostileAnswers(_Loopback):
     """A loopback HTTP server whose /risk answers 200 with 50 MB of an unfinished JSON
     body (no Content-Length: read until the close) or one byte every 0.5 s (``kind``
     ``"huge"`` or ``"trickle"``); ``arrivals`` are the monotonic times of its requests."""
@@ -274,15 +281,11 @@ class HostileAnswers:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
     def close(self) -> None:
         self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
 def _service_guarded(tmp_path, risk_model, risk, steps: int = 20):
@@ -344,8 +347,9 @@ def test_a_50_MB_or_trickling_answer_ends_within_the_timeout_and_training_goes_o
         decisions, guard, said = _service_guarded(
             tmp_path, risk_model, ServiceRisk(server.url, timeout=timeout)
         )
-        # each request ends by its deadline, so the source's thread ends within the
-        # timeout (+ 1 s) of the last request it made (a trickle never ends on its own)
+        # each request ends by its deadline, and close() drops a request still waiting,
+        # so the source's thread ends within the timeout (+ 1 s) of the last request it
+        # made (a trickle never ends on its own)
         left = server.arrivals[-1] + timeout + 1.0 - time.monotonic()
         guard.risk._thread.join(timeout=max(0.0, left))
         assert not guard.risk._thread.is_alive()
