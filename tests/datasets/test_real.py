@@ -349,13 +349,20 @@ def test_data_real_stops_on_the_first_ctrl_c_or_sigterm_leaving_no_temp_files_or
 
     command = Path(sys.executable).with_name("collapse-guard")
     args = ["data", "real", "--n", "6", "--workers", "2", "--steps", "300", "--out", str(tmp_path)]
-    sweep = subprocess.Popen(
-        [str(command), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a terminal's job
-    )
+    # A child inherits an ignored SIGINT (and Python keeps it ignored, as in a job started
+    # with `&`); a framework run by an earlier test can leave it so in this process (seen
+    # after tests/clients), so the sweep is started as from a terminal: default Ctrl-C
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sweep = subprocess.Popen(
+            [str(command), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a process group of its own, as a terminal's job
+        )
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     try:
         deadline = time.monotonic() + 240
         while not list(tmp_path.glob("*.parquet.tmp")) and time.monotonic() < deadline:
