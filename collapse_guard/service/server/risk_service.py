@@ -61,6 +61,7 @@ from collapse_guard.service.middleware.body_limit import BodyLimit
 from collapse_guard.service.middleware.limits import Limits
 from collapse_guard.service.middleware.memory import keep_freed_memory
 from collapse_guard.service.middleware.metrics import fold_unknown_paths, metrics
+from collapse_guard.service.middleware.timeout import cancel_request_timers
 from collapse_guard.service.server.arrow_reader import decode_runs
 from collapse_guard.service.server.json_reader import read_plain_json
 from collapse_guard.service.server.lifeline import end_with_parent
@@ -368,6 +369,8 @@ async def reload(request: Request) -> Response:
 # outermost first: an unauthenticated body is never read
 RiskService.add_asgi_middleware(BearerAuth)
 RiskService.add_asgi_middleware(BodyLimit)
+# its per-request timers held ~5 KB each for the whole traffic timeout (middleware/timeout.py)
+cancel_request_timers()
 # BentoML's routes and ours: every other path is one request-metrics label, whatever it is
 fold_unknown_paths(
     {"/", "/docs.json", "/livez", "/readyz", "/healthz", "/metrics"}
