@@ -113,10 +113,35 @@ def _one_line_error(args: list[str], *words: str) -> str:
     return lines[0]
 
 
-def test_predict_on_a_file_that_is_no_parquet_is_one_line(tmp_path):
-    hostname = tmp_path / "hostname"
-    hostname.write_text("build-7\n")
-    _one_line_error(["predict", str(hostname)], str(hostname), "not a readable Parquet run file")
+_NOT_A_RUN_FILE = "is not a run file (Parquet written by collapse-guard)"
+_PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)  # the signature of every PNG file, then anything
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("risk.png", _PNG),
+        ("wrong.csv", b"step,loss\n0,2.5\n1,2.4\n"),
+        ("hostname", b"build-7\n"),
+        ("empty.parquet", b""),
+    ],
+)
+def test_predict_on_a_file_that_is_no_parquet_says_what_it_is_not(tmp_path, name, content):
+    """Not a damaged run file (which would be regenerated) but no run file at all: a CSV log
+    is imported, not regenerated."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    line = _one_line_error(
+        ["predict", str(path)], f"{path} {_NOT_A_RUN_FILE}", "`collapse-guard data import`"
+    )
+    assert "regenerate" not in line and ("empty" in line) == (not content)
+
+
+def test_predict_on_a_truncated_run_file_keeps_the_damaged_message(damaged_runs):
+    _, damaged = damaged_runs
+    line = _one_line_error(["predict", str(damaged)], str(damaged), "not a readable Parquet")
+    assert "truncated or damaged: delete it and regenerate the run" in line
+    assert _NOT_A_RUN_FILE not in line
 
 
 def test_predict_on_a_foreign_parquet_file_is_one_line(tmp_path):
@@ -202,22 +227,38 @@ def test_a_bug_keeps_its_traceback():
     assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
 
 
-def test_serve_refuses_a_missing_tracking_store(tmp_path):
-    """No ./mlruns here: an error naming the store, and no empty database made."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run(  # a process of its own: serve would exec bentoml in pytest's
-        [str(_command()), "serve", "--model", "@champion"],
+def _serve_error(args: list[str], cwd: Path, env: dict | None = None) -> str:
+    """``collapse-guard serve ARGS``, in a process of its own (serve would exec bentoml in
+    pytest's): exit code 2 and one line on stderr, returned."""
+    done = subprocess.run(
+        [str(_command()), "serve", *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         timeout=120,
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no MLflow tracking store" in lines[0], done.stderr
-    assert str(tmp_path / "mlruns" / "mlflow.db") in lines[0]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_serve_refuses_a_missing_tracking_store(tmp_path):
+    """No ./mlruns here: an error naming the store, and no empty database made."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    line = _serve_error(["--model", "@champion"], tmp_path, env)
+    assert "no MLflow tracking store" in line
+    assert str(tmp_path / "mlruns" / "mlflow.db") in line
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_serve_says_a_model_folder_that_does_not_exist_does_not_exist(tmp_path):
+    from support import free_port
+
+    line = _serve_error(["--model", "models/nonexistent", "--port", str(free_port())], tmp_path)
+    assert line.startswith("error: --model models/nonexistent: models/nonexistent does not exist")
+    assert "collapse-guard calibrate --out" in line
 
 
 # ---------------------------------------------------------------- --model and the store
@@ -295,16 +336,33 @@ def test_train_on_too_few_runs_is_one_line(runs_dir, store_env):
     assert not store_env.exists()  # refused before the store is touched
 
 
-def test_predict_on_an_unlabelled_run_says_so(runs_dir, tmp_path):
+def test_predict_labels_a_guarded_run_as_training_reads_it(runs_dir, tmp_path):
+    """A guarded run's file carries no onset; predict labels it as training does (on the
+    steps before the guard's first intervention: here it never acted, so on all of them)."""
     from collapse_guard.runfiles import RunMeta, read_run, write_run
 
-    frame, meta = read_run(next(runs_dir.glob("*.parquet")))
+    original = next(p for p in sorted(runs_dir.glob("*.parquet")) if read_run(p)[1].onset_step)
+    frame, meta = read_run(original)
     path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))
     result = CliRunner().invoke(app, ["predict", str(path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "onset: not labelled" in text and "healthy" not in text
-    assert meta.label_version is not None  # the labelled original says healthy or an onset
+    assert f"onset: {meta.onset_step};" in text and "not labelled" not in text
+    assert "the run file carries no onset: labelled now by label rule" in text
+
+
+def test_predict_on_a_run_without_a_loss_says_it_is_not_labelled(tmp_path):
+    from collapse_guard.runfiles import RunMeta, RunWriter
+
+    path = tmp_path / "no-loss.parquet"
+    with RunWriter(path, RunMeta("no-loss", "imported")) as writer:
+        for step in range(80):
+            writer.append(step, {"grad_norm": 1.0})
+    result = CliRunner().invoke(app, ["predict", str(path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "onset: not labelled (the run records no loss to label it by" in text
+    assert "healthy" not in text and "labelled now" not in text
 
 
 def test_a_retrain_that_fails_after_its_ingest_still_names_the_files_it_skipped(
@@ -354,16 +412,16 @@ def test_commands_run_wide_off_a_terminal_without_mlflow_bars_and_restore_the_en
     monkeypatch.setenv("COLUMNS", "100")  # the user's own setting wins
     CliRunner().invoke(probe, ["env"])
     assert seen["COLUMNS"] == "100"
-    # a real command: predict's summary of an unlabelled run (~120 characters) is one
-    # line, not wrapped
+    # a real command: predict's note on an unlabelled run, labelled now (~150 characters),
+    # is one line, not wrapped
     from collapse_guard.runfiles import RunMeta, read_run, write_run
 
     frame, _ = read_run(next(runs_dir.glob("*.parquet")))
     path = write_run(tmp_path / "guarded.parquet", frame, RunMeta(run_id="g1", source="guarded"))
     monkeypatch.delenv("COLUMNS")
     result = CliRunner().invoke(app, ["predict", str(path)])
-    (summary,) = [line for line in result.output.splitlines() if line.startswith("onset:")]
-    assert len(summary) > 80 and "; model default-" in summary, result.output
+    (note,) = [x for x in result.output.splitlines() if x.startswith("the run file carries")]
+    assert len(note) > 80 and note.endswith("label their runs with)"), result.output
 
 
 def test_what_the_readmes_commands_write_is_git_ignored():

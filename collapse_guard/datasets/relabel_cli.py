@@ -1,5 +1,6 @@
 """``collapse-guard data relabel``: run files labelled under an older rule brought to the
-current one (``runfiles.relabel``); the library is imported inside, so ``--help`` stays fast."""
+current one, and run files with no label (a probe's recordings) labelled by it
+(``runfiles.relabel``); the library is imported inside, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -20,23 +21,27 @@ def relabel_command(
     ],
     dry_run: Annotated[bool, typer.Option(help="Say what would change; write nothing.")] = False,
 ) -> None:
-    """Relabel runs whose label_version is not the current rule's, in place."""
+    """Relabel runs whose label_version is not the current rule's, and label runs that
+    carry no label (recorded by Probe.record_to), in place."""
     from rich.console import Console
 
-    from collapse_guard.runfiles.label import LABEL_VERSION
+    from collapse_guard.runfiles.label import RULE_NAME
     from collapse_guard.runfiles.records import find_run_files
     from collapse_guard.runfiles.relabel import relabel_runs
 
     console = Console()
     report = relabel_runs(find_run_files(runs), dry_run=dry_run)
+    relabel, label = ("would relabel", "would label") if dry_run else ("relabelled", "labelled")
     for path, old, new in report.relabelled:
         moved = "" if old == new else f": onset {old} -> {new}"
-        console.print(
-            f"{'would relabel' if dry_run else 'relabelled'} {path}{moved}", soft_wrap=True
-        )
+        console.print(f"{relabel} {path}{moved}", soft_wrap=True)
+    for path, onset in report.labelled:
+        found = "healthy" if onset is None else f"onset {onset}"
+        console.print(f"{label} {path}: {found}", soft_wrap=True)
     console.print(
-        f"{len(report.relabelled)} run(s) {'to relabel' if dry_run else 'relabelled'} to label "
-        f"rule {LABEL_VERSION!r} ({report.changed} onset(s) moved), {len(report.current)} "
-        f"already current, {len(report.skipped)} unlabelled or raw guarded left as they are",
+        f"{len(report.relabelled)} run(s) {'to relabel' if dry_run else 'relabelled'} "
+        f"({report.changed} onset(s) moved) and {len(report.labelled)} unlabelled run(s) "
+        f"{'to label' if dry_run else 'labelled'}, by {RULE_NAME}; {len(report.current)} "
+        f"already current, {len(report.skipped)} raw guarded or without a loss left as they are",
         soft_wrap=True,
     )

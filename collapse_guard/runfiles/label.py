@@ -56,12 +56,15 @@ __all__ = [
     "HORIZON",
     "LABEL_VERSION",
     "MIN_LEAD",
+    "RULE_NAME",
     "Label",
     "LabelRule",
     "Spike",
     "apply_label",
     "collapse_targets",
+    "is_unlabelled",
     "label_run",
+    "label_unlabelled",
 ]
 
 # Bump on any change of the rule or of a LabelRule default: stored labels name it.
@@ -71,6 +74,11 @@ HORIZON: int = 200  # docs/design.md: predict collapse within the next 200 steps
 # a later one leaves no time to act (the guard's reactive path covers those collapses)
 MIN_LEAD: int = 10
 COLLAPSE_KINDS: tuple[str, ...] = ("nonfinite", "loss_rise", "grad_collapse")
+# How a command names the rule when it labels a run the file left unlabelled
+RULE_NAME: str = (
+    f"label rule {LABEL_VERSION!r} (collapse_guard.runfiles.label_run, the rule the data "
+    "generators label their runs with)"
+)
 
 
 @dataclass(frozen=True)
@@ -478,6 +486,26 @@ def apply_label(meta: RunMeta, label: Label) -> RunMeta:
         "spikes": [s.to_dict() for s in label.spikes],
     }
     return replace(meta, onset_step=label.onset_step, label_version=label.version, extra=extra)
+
+
+def is_unlabelled(meta: RunMeta) -> bool:
+    """No label at all: no onset and no label version (a run ``Probe.record_to`` recorded,
+    or one imported without a label)."""
+    return meta.onset_step is None and meta.label_version is None
+
+
+def label_unlabelled(frame: pd.DataFrame, meta: RunMeta) -> tuple[RunMeta, bool]:
+    """``(meta, labelled_now)``: ``meta`` labelled by :func:`label_run` on ``frame`` when it
+    carries no label, else as it is.
+
+    Left as they are: a labelled run (its label is :mod:`relabel`'s business), a raw guarded
+    run (its label needs its censoring: ``runfiles.censoring``) and a run without a loss
+    value (the rule reads the loss: without one it would call any run healthy).
+    """
+    measured = "loss" in frame.columns and bool(frame["loss"].notna().any())
+    if not is_unlabelled(meta) or meta.source == "guarded" or not measured:
+        return meta, False
+    return apply_label(meta, label_run(frame)), True
 
 
 def collapse_targets(

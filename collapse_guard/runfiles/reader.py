@@ -30,9 +30,29 @@ from collapse_guard.signals import SIGNAL_NAMES
 __all__ = ["list_runs", "read_meta", "read_run"]
 
 
+_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
+
+
+def _refuse_foreign(path: Path) -> None:
+    """A file that does not even begin as Parquet does was never a run file (an image, a CSV
+    log): saying it is damaged would send its user to regenerate a run that never was."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(_MAGIC))
+    except OSError:  # a folder, no permission: pyarrow's own error below says which
+        return
+    if head != _MAGIC:
+        what = "it is empty" if not head else f"it does not begin with Parquet's {_MAGIC!r}"
+        raise UnreadableRunFile(
+            f"{path} is not a run file (Parquet written by collapse-guard): {what}; a CSV "
+            "training log is imported with `collapse-guard data import`"
+        )
+
+
 def _open(path: Path) -> pq.ParquetFile:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run file")
+    _refuse_foreign(path)
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:

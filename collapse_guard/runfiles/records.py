@@ -4,7 +4,9 @@
 labels and censors a guarded run (``as_training_run``), refuses duplicate run ids, runs
 whose steps do not strictly increase (``check_steps``: a file no ``RunWriter`` wrote) and
 runs labelled under an older label rule (``collapse-guard data relabel`` brings them to
-the current one) and returns :class:`RunRecord`s; ``data_fingerprint`` names the labelled
+the current one) and returns :class:`RunRecord`s; ``label_unlabelled_runs`` labels, in
+memory, the runs that carry no label (a probe's recordings: ``predict`` and ``evaluate``
+show their lead times); ``data_fingerprint`` names the labelled
 runs a training saw, ``content_fingerprint`` what one run holds (its steps and signals,
 whatever its run id: two runs with the same one are copies).
 """
@@ -21,7 +23,7 @@ import pandas as pd
 from collapse_guard.errors import UserInputError
 from collapse_guard.runfiles.censoring import censor_guarded
 from collapse_guard.runfiles.format import RunMeta
-from collapse_guard.runfiles.label import LABEL_VERSION
+from collapse_guard.runfiles.label import LABEL_VERSION, label_unlabelled
 from collapse_guard.runfiles.reader import list_runs, read_run
 from collapse_guard.runfiles.relabel import is_stale
 from collapse_guard.signals import SIGNAL_NAMES
@@ -33,8 +35,13 @@ __all__ = [
     "content_fingerprint",
     "data_fingerprint",
     "find_run_files",
+    "label_unlabelled_runs",
     "load_runs",
+    "run_label",
 ]
+
+# What a folder without run files gets told, unless the command knows better
+_MAKE_RUNS = "make some with `collapse-guard data synth` or `collapse-guard data real`"
 
 
 class RunRecord:
@@ -92,11 +99,13 @@ class RunRecord:
         return f"RunRecord({self.run_id!r}, {self.n_rows} rows, {where})"
 
 
-def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
+def find_run_files(sources: Iterable[str | Path], *, empty_hint: str = _MAKE_RUNS) -> list[Path]:
     """Run files under the given folders (recursively) and files, sorted, each once.
 
     A folder without any ``*.parquet`` or a path that does not exist is a
-    :class:`UserInputError` that says what was expected (never an empty training set).
+    :class:`UserInputError` that says what was expected (never an empty training set);
+    ``empty_hint``: what the command's user should do about an empty folder (training
+    makes runs with ``data synth``; calibration needs the user's own healthy runs).
     """
     paths: set[Path] = set()
     for source in map(Path, sources):
@@ -104,8 +113,7 @@ def find_run_files(sources: Iterable[str | Path]) -> list[Path]:
             found = list_runs(source)
             if not found:
                 raise UserInputError(
-                    f"no runs found under {source}: expected *.parquet run files",
-                    "make some with `collapse-guard data synth` or `collapse-guard data real`",
+                    f"no runs found under {source}: expected *.parquet run files", empty_hint
                 )
             paths.update(found)
         elif source.is_file():
@@ -155,6 +163,32 @@ def load_runs(paths: Iterable[str | Path], *, lazy: bool = False) -> list[RunRec
             RunRecord.stored(meta, path, len(frame)) if lazy else RunRecord(frame, meta, path)
         )
     return records
+
+
+def run_label(frame: pd.DataFrame, meta: RunMeta) -> tuple[RunMeta, bool]:
+    """``(meta, labelled_now)``: the run's metadata with its label, and whether the label was
+    found now because the file carries none: a raw guarded run's on the steps before the
+    guard first acted (``as_training_run``), any other run's by ``label_run`` on its rows
+    (``label.label_unlabelled``). A run recorded by ``Probe.record_to`` has no onset; read as
+    it is, a collapse there would pass for a healthy run and its alarms for false ones."""
+    _, labelled = as_training_run(frame, meta)
+    if labelled is not meta:
+        return labelled, True
+    return label_unlabelled(frame, meta)
+
+
+def label_unlabelled_runs(records: Iterable[RunRecord]) -> tuple[list[RunRecord], list[str]]:
+    """The records with every run that carries no label labelled (``run_label``), in
+    memory (``collapse-guard data relabel`` writes labels into the files), and the ids of
+    the runs labelled now."""
+    out, labelled = [], []
+    for record in records:
+        meta, now = run_label(record.frame, record.meta)
+        if now:
+            labelled.append(record.run_id)
+            record = RunRecord(record.frame, meta, record.path)
+        out.append(record)
+    return out, labelled
 
 
 def check_steps(frame: pd.DataFrame, where: str) -> None:

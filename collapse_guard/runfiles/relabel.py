@@ -6,7 +6,10 @@ the current rule would not find, so training and evaluation refuse it (``records
 until it is relabelled: the onset, kind and spikes found again by ``label.label_run`` on
 the file's own rows, written back in place (atomically, through ``writer.write_run``).
 A guarded run copied by ``retrain`` keeps its censoring: its kept rows are relabelled.
-A raw guarded run is labelled at every read, and an unlabelled run is left to ingest.
+A run with no label at all (recorded by ``Probe.record_to``, imported without one) is
+labelled by the same rule, so that its file carries its onset from then on
+(``label.label_unlabelled``). A raw guarded run is left as it is: it is labelled, and
+censored, at every read (``runfiles.censoring``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collapse_guard.runfiles.format import RunMeta
-from collapse_guard.runfiles.label import LABEL_VERSION, apply_label, label_run
+from collapse_guard.runfiles.label import (
+    LABEL_VERSION,
+    apply_label,
+    is_unlabelled,
+    label_run,
+    label_unlabelled,
+)
 from collapse_guard.runfiles.reader import read_meta, read_run
 from collapse_guard.runfiles.writer import write_run
 
@@ -30,11 +39,13 @@ def is_stale(meta: RunMeta) -> bool:
 
 @dataclass
 class RelabelReport:
-    """What one relabelling did: files rewritten (with the onset they had and have now)."""
+    """What one relabelling did: files rewritten (with the onset they had and have now),
+    files labelled for the first time (with the onset found)."""
 
     relabelled: list[tuple[Path, int | None, int | None]] = field(default_factory=list)
+    labelled: list[tuple[Path, int | None]] = field(default_factory=list)  # had no label
     current: list[Path] = field(default_factory=list)  # labelled under LABEL_VERSION already
-    skipped: list[Path] = field(default_factory=list)  # unlabelled or raw guarded: not ours
+    skipped: list[Path] = field(default_factory=list)  # raw guarded, or no loss to label by
 
     @property
     def changed(self) -> int:
@@ -43,19 +54,27 @@ class RelabelReport:
 
 
 def relabel_runs(paths: Iterable[str | Path], *, dry_run: bool = False) -> RelabelReport:
-    """Relabel every run file in ``paths`` that ``is_stale``, in place unless ``dry_run``."""
+    """Relabel every run file in ``paths`` that ``is_stale`` and label every one that has
+    no label (``label.is_unlabelled``), in place unless ``dry_run``."""
     report = RelabelReport()
     for path in map(Path, paths):
         meta = read_meta(path)  # the footer only: current runs are never read whole
-        if not is_stale(meta):
+        if meta.source == "guarded" and "censoring" not in meta.extra:
+            report.skipped.append(path)  # labelled and censored at every read
+            continue
+        if not (is_stale(meta) or is_unlabelled(meta)):
             (report.current if meta.label_version else report.skipped).append(path)
             continue
-        if meta.source == "guarded" and "censoring" not in meta.extra:
-            report.skipped.append(path)
-            continue
         frame, meta = read_run(path)
-        fresh = apply_label(meta, label_run(frame))
+        if is_stale(meta):
+            fresh = apply_label(meta, label_run(frame))
+            report.relabelled.append((path, meta.onset_step, fresh.onset_step))
+        else:
+            fresh, labelled_now = label_unlabelled(frame, meta)
+            if not labelled_now:
+                report.skipped.append(path)
+                continue
+            report.labelled.append((path, fresh.onset_step))
         if not dry_run:
             write_run(path, frame, fresh)
-        report.relabelled.append((path, meta.onset_step, fresh.onset_step))
     return report

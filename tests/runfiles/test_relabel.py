@@ -76,3 +76,53 @@ def test_relabel_brings_old_runs_to_the_current_rule_in_place(old_runs):
     assert len(records) == 4
     again = runner.invoke(app, ["data", "relabel", "--runs", str(folder)])
     assert "0 run(s) relabelled" in again.output and "4 already current" in again.output
+
+
+def test_relabel_labels_the_runs_recorded_without_a_label(tmp_path):
+    """A run the probe recorded (no label in its file) is labelled by the same rule, in
+    place; a raw guarded run is left to its censoring, which labels it at every read."""
+    from recorded_runs import write_unlabelled_run
+
+    from collapse_guard.runfiles.format import RunMeta
+
+    folder = tmp_path / "mine"
+    mine = write_unlabelled_run(folder / "mine.parquet", "mine")
+    calm = write_unlabelled_run(folder / "calm.parquet", "calm", collapse_at=None, seed=1)
+    frame, _ = read_run(calm)
+    guarded = write_run(folder / "guarded.parquet", frame, RunMeta("g", "guarded"))
+    onset = label_run(read_run(mine)[0]).onset_step  # test_own_runs derives it: ~423
+    assert onset is not None
+
+    dry = runner.invoke(app, ["data", "relabel", "--runs", str(folder), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    said = " ".join(dry.output.split())
+    assert f"would label {mine}: onset {onset}" in said and f"would label {calm}: healthy" in said
+    assert "2 unlabelled run(s) to label" in said and read_meta(mine).label_version is None
+
+    result = runner.invoke(app, ["data", "relabel", "--runs", str(folder)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "0 run(s) relabelled (0 onset(s) moved) and 2 unlabelled run(s) labelled" in said
+    assert f"by label rule {LABEL_VERSION!r}" in said
+    assert "1 raw guarded or without a loss left as they are" in said
+    assert (read_meta(mine).label_version, read_meta(mine).onset_step) == (LABEL_VERSION, onset)
+    assert (read_meta(calm).label_version, read_meta(calm).onset_step) == (LABEL_VERSION, None)
+    assert read_meta(mine).extra["collapse_kind"] == "loss_rise"
+    assert read_meta(guarded).label_version is None
+    again = runner.invoke(app, ["data", "relabel", "--runs", str(folder)])
+    assert "2 already current" in " ".join(again.output.split())
+
+
+def test_a_run_without_a_loss_is_left_unlabelled(tmp_path):
+    """The rule reads the loss: without one it would call any run healthy."""
+    from collapse_guard.runfiles.format import RunMeta
+    from collapse_guard.runfiles.relabel import relabel_runs
+    from collapse_guard.runfiles.writer import RunWriter
+
+    path = tmp_path / "no-loss.parquet"
+    with RunWriter(path, RunMeta("no-loss", "imported")) as writer:
+        for step in range(100):
+            writer.append(step, {"grad_norm": 1.0})
+    report = relabel_runs([path])
+    assert report.skipped == [path] and not report.labelled
+    assert read_meta(path).label_version is None

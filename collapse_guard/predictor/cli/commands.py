@@ -25,7 +25,11 @@ from collapse_guard.predictor.cli.tables import (
     print_groups,
     print_report,
 )
-from collapse_guard.predictor.core.model_source import MODEL_HELP, load_risk_model
+from collapse_guard.predictor.core.model_source import (
+    MODEL_HELP,
+    load_risk_model,
+    resolve_model_source,
+)
 
 if TYPE_CHECKING:
     from collapse_guard.predictor.core.levels import Level
@@ -142,12 +146,21 @@ def evaluate_command(
     ] = 0,
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            help="With --model: score the bundled model on the same runs too, as the "
+            "reference rows 'bundled'."
+        ),
+    ] = True,
 ) -> None:
     """Evaluate a model beside the baselines on runs it never saw, per source.
 
     The headline is the model at its stored `warn` level (set on validation runs at
-    training). Runs the model trained or validated on (their ids are in the model) are
-    refused: pass --unseen-only to score the others, or --include-seen to see them apart.
+    training); a model of your own is shown beside the bundled one. Runs the model trained
+    or validated on (their ids are in the model) are refused: pass --unseen-only to score
+    the others, or --include-seen to see them apart. Runs that carry no label (recorded by
+    Probe.record_to) are labelled now, by the rule the data generators use.
     """
     from rich.console import Console
 
@@ -166,7 +179,7 @@ def evaluate_command(
     config = train_config(
         seed=seed, stride=stride, hold_steps=hold_steps, eval_budget_per_10k=budget
     )
-    records = load_runs(find_run_files(runs))
+    records = _labelled_records(console, load_runs(find_run_files(runs)))
     if leave_one_out is not None:
         if model is not None:
             console.print("note: --leave-one-out trains its own models; --model is not used")
@@ -206,6 +219,8 @@ def evaluate_command(
     baselines = default_baselines(
         train or None, validation or None, horizon=horizon, budget_per_10k=budget
     )
+    if reference and resolve_model_source(model) is not None:  # not the bundled model itself
+        baselines = [*_reference(console, risk_model, test), *baselines]
     report = evaluate_runs(test, risk_model, baselines, horizon=horizon, budget_per_10k=budget)
     print_report(console, report, f"model {name}, unseen runs")
     print_groups(console, report)
@@ -220,6 +235,34 @@ def evaluate_command(
         print_report(
             console, seen_report, f"NOT A TEST: model {name} on runs it trained or validated on"
         )
+
+
+def _labelled_records(console, records):
+    """The records with the runs that carry no label labelled now, said in one line."""
+    from collapse_guard.runfiles.label import RULE_NAME
+    from collapse_guard.runfiles.records import label_unlabelled_runs
+
+    records, labelled = label_unlabelled_runs(records)
+    if labelled:
+        named = ", ".join(labelled[:3]) + (
+            f" and {len(labelled) - 3} more" if len(labelled) > 3 else ""
+        )
+        console.print(
+            f"{len(labelled)} of the {len(records)} runs carry no label ({named}): labelled "
+            f"now by {RULE_NAME}"
+        )
+    return records
+
+
+def _reference(console, risk_model, test) -> list:
+    """The bundled model as the reference scorer (none where the comparison is unfair),
+    said in one line."""
+    from collapse_guard.predictor.evaluate.reference import reference_scorer
+
+    scorer, note = reference_scorer(risk_model, [r.run_id for r in test])
+    if note:
+        console.print(f"{note}; --no-reference leaves it out" if scorer else note)
+    return [scorer] if scorer else []
 
 
 def _leave_one_out(console, records, grouping: str, config, *, synthetic: bool) -> None:
@@ -266,6 +309,20 @@ def _first_crossings(risk, thresholds: dict) -> dict[Level, int | None]:
     return out
 
 
+def _labelled_now(meta) -> str:
+    """What predict says of a label found now: by which rule, on which steps."""
+    from collapse_guard.runfiles.label import RULE_NAME
+
+    first_act = meta.extra.get("censoring", {}).get("first_intervention")
+    # a guarded run is labelled as training reads it: what the guard changed is no evidence
+    on = (
+        ""
+        if first_act is None
+        else f", as training reads a run the guard acted on at step {first_act}"
+    )
+    return f"the run file carries no onset: labelled now by {RULE_NAME}{on}"
+
+
 def predict_command(
     run: Annotated[Path, typer.Argument(help="A run file (*.parquet).", exists=True)],
     model: Annotated[str | None, _MODEL] = None,
@@ -273,13 +330,17 @@ def predict_command(
         Path | None, typer.Option(help="Write loss, signals and risk over steps to this PNG.")
     ] = None,
 ) -> None:
-    """Per-step risk of one run: first alarm of each level, lead time, and a plot."""
+    """Per-step risk of one run: first alarm of each level, lead time, and a plot.
+
+    A run that carries no label (recorded by Probe.record_to) is labelled now, by the
+    rule the data generators use, so that the lead time is shown."""
     from rich.console import Console
     from rich.table import Table
 
     from collapse_guard.predictor.evaluate.plots import run_risk_plot
     from collapse_guard.runfiles import read_run
-    from collapse_guard.runfiles.card import outcome
+    from collapse_guard.runfiles.label import is_unlabelled
+    from collapse_guard.runfiles.records import run_label
 
     if plot is not None and not plot.parent.is_dir():  # before the scoring; never made here
         raise UserInputError(
@@ -288,6 +349,7 @@ def predict_command(
         )
     console = Console()
     frame, meta = read_run(run)
+    meta, labelled_now = run_label(frame, meta)
     risk_model = load_risk_model(model)
     risk = risk_model.predict_run(frame, steps=frame["step"].to_numpy())
     table = Table(title=f"{meta.run_id} ({meta.source}, {len(frame)} steps)")
@@ -306,14 +368,16 @@ def predict_command(
     peak = risk.idxmax() if risk.notna().any() else None
     if onset is not None:
         said = str(onset)
-    elif outcome(onset, meta.label_version, None) == "unlabelled":
-        said = "not labelled (no onset to compare with)"
+    elif is_unlabelled(meta):
+        said = "not labelled (the run records no loss to label it by; no onset to compare with)"
     else:
         said = "none (healthy)"
     console.print(
         f"onset: {said}; peak risk "
         f"{risk.max():.3f} at step {peak}; model {risk_model.meta['version']}"
     )
+    if labelled_now:
+        console.print(_labelled_now(meta))
     if plot is not None:
         run_risk_plot(
             frame,

@@ -12,6 +12,7 @@ module             job
                    group; the headline is the model at its stored ``warn`` level
 ``baselines``      what people use today (DSI, OLMo-core, ZClip, KillLossSpike, tuned
                    single-signal thresholds, config-only), each a :class:`Scorer`
+``reference``      the bundled model as the reference row of the user's own model
 ``plots``          figures of an evaluation and of one run (data in, a PNG out)
 =================  ====================================================================
 

@@ -99,8 +99,15 @@ def serve_command(
     poll_s = float(_number(poll, "--poll", float, 0))
     _check_port(host, port_n)
     from collapse_guard.predictor.core.model_source import resolve_model_source
+    from collapse_guard.predictor.core.store import is_registry_uri
 
     given, model = model, resolve_model_source(model)  # 'champion' -> models:/...@champion
+    if model is not None and not is_registry_uri(model) and not os.path.exists(model):
+        _fail(
+            f"--model {given}: {model} does not exist; expected a model folder (written by "
+            "`collapse-guard calibrate --out` or RiskModel.save), 'default', 'champion', "
+            "'@ALIAS' or a models:/ URI"
+        )
     if poll_s and not (model or "").startswith("models:/"):
         _fail(f"--poll needs a models:/NAME@ALIAS model to watch; got --model {given!r}")
     from collapse_guard.service.server.model_state import ModelLoadError, load_serving
