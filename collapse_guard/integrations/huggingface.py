@@ -18,6 +18,13 @@ the guard is made at ``on_train_begin``, when it exists)::
                        optimizer's own step or a skip, rollback, run file
     scheduler.step()   the Trainer's, as ever (the guard's LR multiplier is undone)
 
+The guard's numbers (``guard/risk``, ``guard/level``, ``guard/lr_scale``, the action
+counts: collapse_guard/guard/trackers.py) join every log of the Trainer (``on_log``):
+``trainer.state.log_history`` and the callbacks after this one. The Trainer runs its
+``report_to`` reporters before any callback it is handed, so they do not see them; the
+callback's own ``trackers`` do, at the same steps: the active MLflow run by default (the
+one the Trainer's MLflow reporter started, or the user's), a ``SummaryWriter`` handed over.
+
 The loss must come out of the model (``labels`` in the batch, the Trainer's default
 ``compute_loss``); a ``compute_loss_func`` or label smoothing computes it elsewhere and
 the first step says so. fp16 works as in a plain loop: accelerate's ``GradScaler``
@@ -42,6 +49,7 @@ except ImportError as error:  # the extra is optional; say which one
     ) from error
 
 from collapse_guard.guard import Guard
+from collapse_guard.guard.trackers import Trackers, TrackerSpec, guard_metrics
 from collapse_guard.integrations._owned_step import OwnedStep, callback_policy, policy_with_clip
 
 __all__ = ["GuardCallback", "LossTap"]
@@ -93,6 +101,8 @@ class GuardCallback(TrainerCallback):
 
     Args:
         checkpoint_dir: the guard's folder (checkpoint ring, run file, forensics).
+        trackers: where the guard's numbers also go at each log (:class:`Trackers`):
+            None is the active MLflow run, if any; ``[]`` nowhere but the Trainer's logs.
         **guard_kwargs: any other keyword of :class:`~collapse_guard.guard.Guard`
             (``risk``, ``policy``, ``probe_config``, ``run_id``, ...).
 
@@ -101,7 +111,10 @@ class GuardCallback(TrainerCallback):
     """
 
     def __init__(
-        self, checkpoint_dir: str | os.PathLike = "guard-checkpoints", **guard_kwargs: Any
+        self,
+        checkpoint_dir: str | os.PathLike = "guard-checkpoints",
+        trackers: TrackerSpec = None,
+        **guard_kwargs: Any,
     ) -> None:
         if "scaler" in guard_kwargs:
             raise ValueError(
@@ -110,6 +123,7 @@ class GuardCallback(TrainerCallback):
             )
         self.checkpoint_dir = checkpoint_dir
         self.guard_kwargs = guard_kwargs
+        self.trackers = Trackers(trackers, every=1)  # at every log: the Trainer's cadence
         self.guard: Guard | None = None
         self._step: OwnedStep | None = None
         self._tap: LossTap | None = None
@@ -130,6 +144,18 @@ class GuardCallback(TrainerCallback):
         self.guard = Guard(model, inner, self.checkpoint_dir, policy=config, **kwargs)
         self._tap = LossTap(model, scaler)
         self._step = OwnedStep(optimizer, self.guard, self._tap.take)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """The guard's numbers into this log, the entry ``log_history`` just took of it,
+        and the trackers."""
+        if self.guard is None or logs is None:
+            return
+        values = guard_metrics(self.guard)
+        last = state.log_history[-1] if state.log_history else {}
+        if last.get("step") == state.global_step and logs.keys() <= last.keys():
+            last.update(values)  # the Trainer copied the logs there just before this call
+        logs.update(values)
+        self.trackers.log(self.guard, state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._release()

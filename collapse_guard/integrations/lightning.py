@@ -15,6 +15,12 @@ How it sits in Lightning's step (2.x; the optimizer exists from ``on_fit_start``
       guard.step(loss)        measure, decide, clip, LR multiplier, the optimizer's own
                               step or a skip, rollback, run file
 
+The guard's numbers (``guard/risk``, ``guard/level``, ``guard/lr_scale``, the action
+counts: collapse_guard/guard/trackers.py) are logged with ``pl_module.log_dict`` after
+every batch, so every logger (CSV, MLflow, TensorBoard, ...) writes them at its
+``log_every_n_steps``; the callback's own ``trackers`` get them at the same cadence (the
+active MLflow run by default, a ``SummaryWriter`` handed over).
+
 Automatic and manual optimization both end in that call. One optimizer per module.
 ``precision="16-mixed"`` works as in a plain loop: Lightning scales the backward and
 unscales once (before its clipping hook); its ``scaler.step`` then calls the optimizer's
@@ -39,6 +45,7 @@ except ImportError as error:  # the extra is optional; say which one
     ) from error
 
 from collapse_guard.guard import Guard
+from collapse_guard.guard.trackers import Trackers, TrackerSpec, guard_metrics
 from collapse_guard.integrations._owned_step import OwnedStep, callback_policy, policy_with_clip
 
 __all__ = ["GuardCallback", "GuardedScaler"]
@@ -67,6 +74,9 @@ class GuardCallback(Callback):
 
     Args:
         checkpoint_dir: the guard's folder (checkpoint ring, run file, forensics).
+        trackers: where the guard's numbers also go (:class:`Trackers`), every
+            ``log_every_n_steps``: None is the active MLflow run, if any; ``[]`` nowhere
+            but Lightning's loggers.
         **guard_kwargs: any other keyword of :class:`~collapse_guard.guard.Guard`
             (``risk``, ``policy``, ``probe_config``, ``run_id``, ...).
 
@@ -74,7 +84,10 @@ class GuardCallback(Callback):
     """
 
     def __init__(
-        self, checkpoint_dir: str | os.PathLike = "guard-checkpoints", **guard_kwargs: Any
+        self,
+        checkpoint_dir: str | os.PathLike = "guard-checkpoints",
+        trackers: TrackerSpec = None,
+        **guard_kwargs: Any,
     ) -> None:
         if "scaler" in guard_kwargs:
             raise ValueError(
@@ -83,6 +96,7 @@ class GuardCallback(Callback):
             )
         self.checkpoint_dir = checkpoint_dir
         self.guard_kwargs = guard_kwargs
+        self.trackers = Trackers(trackers)  # checked here; its cadence set at fit start
         self.guard: Guard | None = None
         self._step: OwnedStep | None = None
         self._loss: torch.Tensor | None = None
@@ -114,6 +128,7 @@ class GuardCallback(Callback):
         optimizer = trainer.optimizers[0]
         self.guard = Guard(pl_module, optimizer, self.checkpoint_dir, policy=config, **kwargs)
         self._step = OwnedStep(optimizer, self.guard, self._take_loss)
+        self.trackers.every = max(1, trainer.log_every_n_steps)  # the loggers' cadence
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         part = loss.detach().float()
@@ -121,6 +136,12 @@ class GuardCallback(Callback):
         if scale is not None:
             part = part / scale.float()  # a power of two: exact, and no sync
         self._loss = part if self._loss is None else self._loss + part
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """The guard's numbers to Lightning's loggers and to the trackers."""
+        if self.guard is not None:
+            pl_module.log_dict(guard_metrics(self.guard), on_step=True, on_epoch=False)
+            self.trackers.log(self.guard, trainer.global_step)
 
     def _take_loss(self) -> torch.Tensor | None:
         loss, self._loss = self._loss, None

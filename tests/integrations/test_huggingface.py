@@ -46,27 +46,29 @@ class Drill(transformers.TrainerCallback):
         self.after[state.global_step - 1] = snapshot(model)
 
 
-def train(tmp_path, actions: dict[int, str], steps: int, config=None, scaler=None, **overrides):
+def train(
+    tmp_path, actions: dict[int, str], steps: int, config=None, scaler=None, guard=None, **overrides
+):
+    """``guard``: the GuardCallback's keywords over the tests' (risk off, no preflight)."""
     torch.manual_seed(0)
     config_2 = transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32
     )
     model = transformers.GPT2LMHeadModel(config_2)
-    guarded = GuardCallback(tmp_path / "guard", risk="off", policy=config, preflight=False)
+    keywords = {"risk": "off", "preflight": False, **(guard or {})}
+    guarded = GuardCallback(tmp_path / "guard", policy=config, **keywords)
     drill = Drill(guarded, actions)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        report_to=[],
         use_cpu=True,
         max_steps=steps,
         per_device_train_batch_size=4,
         learning_rate=1e-3,
         lr_scheduler_type="constant",
-        logging_steps=1,
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
-        **overrides,
+        **{"logging_steps": 1, "report_to": [], **overrides},
     )
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=Tokens(), callbacks=[guarded, drill]
@@ -121,3 +123,49 @@ def test_fp16_with_the_trainers_grad_scaler_is_unscaled_once_as_in_a_plain_loop(
     # (not 1/1024 of it: twice; nor 1024 times it: never)
     assert frame["grad_norm"].iloc[0] == pytest.approx(reference["grad_norm"].iloc[0], rel=0.02)
     assert int(scaler._growth_tracker) == 4  # one update per step: the guard's alone
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+def test_the_guards_numbers_join_the_trainers_log_history_and_its_trackers(tmp_path):
+    sent = []
+    keywords = {"risk": None, "trackers": lambda metrics, step: sent.append((step, metrics))}
+    trainer, guard, _ = train(
+        tmp_path, {3: "skip", 5: "checkpoint"}, steps=30, guard=keywords, logging_steps=10
+    )
+    logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    assert sorted(logs) == [10, 20, 30]
+    for entry in logs.values():
+        assert entry["guard/actions/skip"] == 1.0 and entry["guard/actions/checkpoint"] == 1.0
+        assert entry["guard/actions/rescue"] == 0.0 and entry["guard/lr_scale"] > 0
+        assert entry["guard/level"] in (0.0, 1.0, 2.0, 3.0)
+    # the embedded model scores the windows of steps 9 and 19; each is heard a step later,
+    # so the log of step 10 has no risk yet
+    readings = guard.run.risk_readings
+    assert [step for step, _ in readings] == [9, 19]
+    assert "guard/risk" not in logs[10]
+    assert [logs[20]["guard/risk"], logs[30]["guard/risk"]] == [p for _, p in readings]
+    assert logs[30]["guard/level"] == guard.run.level.rank
+    # the trackers get the same numbers at the same steps (the closing summary log of
+    # step 30 is not sent twice)
+    assert [step for step, _ in sent] == [10, 20, 30]
+    assert all(logs[step][k] == v for step, metrics in sent for k, v in metrics.items())
+
+
+@pytest.mark.slow  # the MLflow store's schema migration: 5-25 s on a shared machine
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+def test_the_mlflow_run_the_trainers_reporter_logs_to_gets_the_guards_numbers(
+    tmp_path, mlflow_uri, monkeypatch
+):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.create_experiment("hf-guarded", artifact_location=tmp_path.as_uri())
+    with mlflow.start_run(experiment_id=experiment) as run:  # the reporter logs into it
+        train(tmp_path, {3: "skip"}, steps=20, logging_steps=10, report_to=["mlflow"])
+    history = {
+        name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+        for name in ("loss", "guard/actions/skip")
+    }
+    assert [step for step, _ in history["loss"]] == [10, 20]  # the Trainer's reporter...
+    assert history["guard/actions/skip"] == [(10, 1.0), (20, 1.0)]  # ...and the guard's

@@ -58,20 +58,21 @@ class Drill(L.Callback):
         self.after[batch_idx] = snapshot(pl_module)
 
 
-def fit(tmp_path, actions: dict[int, str], batches: int, config=None, **overrides):
+def fit(tmp_path, actions: dict[int, str], batches: int, config=None, guard=None, **overrides):
+    """``guard``: the GuardCallback's keywords over the tests' (risk off, no preflight)."""
     module = Regression()
-    guarded = GuardCallback(tmp_path / "guard", risk="off", policy=config, preflight=False)
+    keywords = {"risk": "off", "preflight": False, **(guard or {})}
+    guarded = GuardCallback(tmp_path / "guard", policy=config, **keywords)
     drill = Drill(guarded, actions)
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=batches // overrides.get("accumulate_grad_batches", 1),
-        logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
         callbacks=[guarded, drill],
-        **overrides,
+        **{"logger": False, **overrides},
     )
     trainer.fit(module, loader())
     return trainer, module, guarded.guard, drill
@@ -129,3 +130,39 @@ def test_16_mixed_with_its_grad_scaler_is_unscaled_once_as_in_a_plain_loop(tmp_p
     # norm at the same first step, not 1/1024 (twice) or 1024 times it (never)
     assert frame["grad_norm"].iloc[0] == pytest.approx(reference["grad_norm"].iloc[0], rel=0.02)
     assert int(scaler._growth_tracker) == 6  # one update per step: the guard's alone
+
+
+@pytest.mark.filterwarnings("ignore:collapse-guard preflight")
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_the_guards_numbers_reach_a_csv_logger_and_the_trackers(tmp_path):
+    import pandas as pd
+    from lightning.pytorch.loggers import CSVLogger
+
+    sent = []
+    keywords = {"risk": None, "trackers": lambda metrics, step: sent.append((step, metrics))}
+    logger = CSVLogger(tmp_path / "logs", name="guarded", version=0)
+    _, _, guard, _ = fit(  # the embedded risk model
+        tmp_path, {3: "skip", 5: "checkpoint"}, batches=30, guard=keywords, logger=logger,
+        log_every_n_steps=10,
+    )  # fmt: skip
+    frame = pd.read_csv(tmp_path / "logs" / "guarded" / "version_0" / "metrics.csv")
+    # Lightning's row of step 9 is written after the 10th optimizer step (global_step 10)
+    assert frame["step"].tolist() == [9, 19, 29]
+    assert frame["guard/actions/skip"].tolist() == [1.0] * 3
+    assert frame["guard/actions/checkpoint"].tolist() == [1.0] * 3
+    assert (
+        frame["guard/actions/rescue"].tolist()
+        == [0.0] * 3
+        == frame["guard/actions/qk_clip"].tolist()
+    )
+    assert frame["guard/lr_scale"].tolist() == [guard.run.lr_multiplier] * 3
+    # the windows of steps 9 and 19 are scored, each heard a step later: none in the first row
+    readings = guard.run.risk_readings
+    assert [step for step, _ in readings] == [9, 19]
+    assert frame["guard/risk"].isna().tolist() == [True, False, False]
+    assert frame["guard/risk"].iloc[1:].tolist() == pytest.approx([p for _, p in readings])
+    assert frame["guard/level"].iloc[-1] == guard.run.level.rank
+    # the trackers get the same numbers, at the loggers' cadence
+    assert [step for step, _ in sent] == [10, 20, 30]
+    for (_, metrics), (_, row) in zip(sent, frame.iterrows(), strict=True):
+        assert all(row[k] == pytest.approx(v) for k, v in metrics.items())
