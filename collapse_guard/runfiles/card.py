@@ -5,6 +5,12 @@ each source collapsed and of which kind, where the onsets fall (a dataset whose
 onsets all sit in the first 100 steps teaches "early = risky"), how many recovered
 spikes there are (the hard negatives), which signals were measured on what share of
 rows (imported runs have loss and little else), and how long runs are.
+
+The *pack card* (:func:`pack_card`, ``collapse-guard data card``) is the short one a
+versioned folder of runs carries in its README: runs, bytes, and per value of each
+config key asked for (family, each architecture component, optimizer, recipe, ...)
+how many runs stayed healthy, collapsed in a way that develops, or suddenly. It reads
+the files' footers only, so it costs milliseconds a run.
 """
 
 from __future__ import annotations
@@ -16,22 +22,36 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapse_guard.runfiles.reader import list_runs, read_run
+from collapse_guard.errors import UserInputError
+from collapse_guard.runfiles.reader import list_runs, read_meta, read_run
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
+    "CARD_BEGIN",
+    "CARD_END",
     "N_EXAMPLES",
+    "OUTCOMES",
     "DatasetCard",
+    "PackCard",
+    "card_markdown",
     "onset_histogram",
     "outcome",
+    "pack_card",
     "plot_card",
     "print_card",
+    "replace_card",
     "summarize",
 ]
 
 # Example curves kept for the plot, per outcome group (collapsed / healthy).
 N_EXAMPLES = 3
 _BAR = "█"
+# a pack card's outcomes: the run's label and how soon its collapse followed its trigger
+# (``extra.onset_kind``; "collapsed" for a collapse whose file does not say)
+OUTCOMES = ("healthy", "develops", "sudden", "collapsed")
+# the lines of a README between which ``replace_card`` writes the pack card
+CARD_BEGIN = "<!-- card: begin (collapse-guard data card) -->"
+CARD_END = "<!-- card: end -->"
 
 
 def outcome(onset_step: int | None, label_version: str | None, kind: str | None) -> str:
@@ -191,3 +211,87 @@ def plot_card(card: DatasetCard, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+@dataclass
+class PackCard:
+    """Counts of a folder of run files by outcome and config value (see :func:`pack_card`)."""
+
+    folder: Path
+    keys: tuple[str, ...]  # the config keys counted, in the card's order
+    bytes: int = 0
+    outcomes: Counter = field(default_factory=Counter)  # outcome -> runs
+    by: Counter = field(default_factory=Counter)  # (key, value, outcome) -> runs
+    sweeps: Counter = field(default_factory=Counter)  # run id without its index -> runs
+
+    @property
+    def n_runs(self) -> int:
+        return sum(self.outcomes.values())
+
+    def values(self, key: str) -> list[str]:
+        """The values of ``key`` seen, in sorted order."""
+        return sorted({value for k, value, _ in self.by if k == key})
+
+
+def _pack_outcome(onset_step: int | None, extra: dict) -> str:
+    if onset_step is None:
+        return "healthy"
+    kind = extra.get("onset_kind")
+    return kind if kind in OUTCOMES else "collapsed"
+
+
+def pack_card(folder: str | Path, keys: tuple[str, ...]) -> PackCard:
+    """Count the runs under ``folder`` by outcome (``OUTCOMES``) and by each config key.
+
+    A run whose config lacks a key counts under the value ``-``.
+    """
+    card = PackCard(Path(folder), tuple(keys))
+    for path in list_runs(folder):
+        meta = read_meta(path)
+        result = _pack_outcome(meta.onset_step, meta.extra)
+        card.bytes += path.stat().st_size
+        card.outcomes[result] += 1
+        card.sweeps[meta.run_id.rpartition("-")[0] or meta.run_id] += 1
+        for key in card.keys:
+            card.by[(key, str(meta.config.get(key, "-")), result)] += 1
+    return card
+
+
+def card_markdown(card: PackCard) -> str:
+    """The card as Markdown: a summary line and one table of every key's values."""
+    shown = [o for o in OUTCOMES if card.outcomes[o] or o != "collapsed"]
+    collapsed = card.n_runs - card.outcomes["healthy"]
+    per_run = card.bytes / max(card.n_runs, 1) / 1e3
+    sweeps = ", ".join(f"{name} {n}" for name, n in sorted(card.sweeps.items()))
+    lines = [
+        f"{card.n_runs} runs ({sweeps}): {collapsed} collapsed "
+        f"({card.outcomes['develops']} develop, {card.outcomes['sudden']} sudden), "
+        f"{card.outcomes['healthy']} healthy; {card.bytes / 1e6:.1f} MB, {per_run:.1f} KB a run.",
+        "",
+        "| key | value | runs | " + " | ".join(shown) + " |",
+        "|---|---|---:|" + "---:|" * len(shown),
+    ]
+    for key in card.keys:
+        for value in card.values(key):
+            counts = [card.by[(key, value, o)] for o in OUTCOMES]
+            row = [card.by[(key, value, o)] for o in shown]
+            lines.append(f"| {key} | {value} | {sum(counts)} | " + " | ".join(map(str, row)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_card(readme: str | Path, text: str) -> Path:
+    """Put ``text`` between the ``CARD_BEGIN`` and ``CARD_END`` lines of ``readme``."""
+    readme = Path(readme)
+    if not readme.is_file():
+        raise UserInputError(f"{readme}: no such file", "pass the README that holds the card")
+    current = readme.read_text(encoding="utf-8")
+    begin, end = current.find(CARD_BEGIN), current.find(CARD_END)
+    if begin < 0 or end < begin:
+        raise UserInputError(
+            f"{readme}: expected a line {CARD_BEGIN!r} and, after it, a line {CARD_END!r}; "
+            "got no such pair",
+            "add the two lines where the card belongs",
+        )
+    head = current[: begin + len(CARD_BEGIN)]
+    readme.write_text(f"{head}\n{text}{current[end:]}", encoding="utf-8")
+    return readme

@@ -7,9 +7,16 @@ column              type       what
 ==================  =========  ====================================================
 ``step``            int64      training step, strictly increasing (gaps allowed)
 every signal name   float64    one column per ``collapse_guard.signals.SIGNAL_NAMES``,
-                               in that order; NaN = not measured at this step
+                    (float32)  in that order; NaN = not measured at this step
 ``event``           string     empty, or what the guard did at this step
 ==================  =========  ====================================================
+
+A *compact* file (``write_run(..., compact=True)``: the corpus pack, real runs) stores a
+signal as float32 unless it is one of ``EXACT_SIGNALS`` whose values float32 would
+round; its floats are byte-stream-split before zstd. Readers hand every signal back as
+float64 either way: a float32 value widens exactly, so a compact file reads as the
+same numbers as a float64 file of the same run wherever the values were float32 to
+begin with (everything the probe measures in torch's float32).
 
 The file's key-value metadata holds JSON under the key ``collapse_guard``: the
 fields of :class:`RunMeta` (``run_id``, ``source``, ``config``, ``onset_step``,
@@ -41,6 +48,7 @@ from collapse_guard.errors import UserInputError
 from collapse_guard.signals import SIGNAL_NAMES
 
 __all__ = [
+    "EXACT_SIGNALS",
     "KNOWN_SCHEMA_VERSIONS",
     "META_KEY",
     "RUN_COLUMNS",
@@ -59,6 +67,12 @@ KNOWN_SCHEMA_VERSIONS: tuple[int, ...] = (1,)
 SOURCES: tuple[str, ...] = ("synthetic", "real", "imported", "guarded")
 RUN_COLUMNS: tuple[str, ...] = ("step", *SIGNAL_NAMES, "event")
 META_KEY: str = "collapse_guard"
+# Signals a compact file keeps float64 unless float32 holds them exactly: the label reads
+# the loss (a rise of 0.25 nats over its EWMA best) and the gradient norm (a 1000x drop),
+# and LR rises are found from the LR's step-to-step changes (run context, the evaluation's
+# rows inside rises), where float32 rounding could make two LRs equal. The probe measures
+# loss and gradient norm in float32, so in its runs only the LR stays float64.
+EXACT_SIGNALS: tuple[str, ...] = ("loss", "lr", "grad_norm")
 
 
 class RunFileError(ValueError):

@@ -27,7 +27,7 @@ from collapse_guard.runfiles.label import (
     label_unlabelled,
 )
 from collapse_guard.runfiles.reader import read_meta, read_run
-from collapse_guard.runfiles.writer import write_run
+from collapse_guard.runfiles.writer import is_compact, write_run
 
 __all__ = ["RelabelReport", "is_stale", "relabel_runs"]
 
@@ -76,5 +76,5 @@ def relabel_runs(paths: Iterable[str | Path], *, dry_run: bool = False) -> Relab
                 continue
             report.labelled.append((path, fresh.onset_step))
         if not dry_run:
-            write_run(path, frame, fresh)
+            write_run(path, frame, fresh, compact=is_compact(path))  # a compact file stays compact
     return report

@@ -10,6 +10,8 @@ import math
 import operator
 from collections import Counter
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -233,6 +235,10 @@ def test_short_run_writes_a_labelled_real_run_file(tmp_path):
     # the attention family runs every 50 steps and reaches this model's attention
     assert frame.loc[frame["step"] == 50, "attn_entropy_mean"].notna().all()
     assert not temp_path(result.path).exists()
+    # a compact file (the corpus pack): the probe's float32 values in float32, the LR exact
+    types = pq.read_schema(result.path)
+    assert types.field("lr").type == pa.float64() and types.field("step").type == pa.int64()
+    assert {types.field(n).type for n in ("loss", "grad_norm", "attn_kl")} == {pa.float32()}
 
 
 def test_lr_jump_gets_an_onset_near_the_jump_and_is_recorded_as_sudden(tmp_path):

@@ -126,3 +126,15 @@ def test_a_run_without_a_loss_is_left_unlabelled(tmp_path):
     report = relabel_runs([path])
     assert report.skipped == [path] and not report.labelled
     assert read_meta(path).label_version is None
+
+
+def test_relabel_keeps_a_compact_file_compact(old_runs):
+    from collapse_guard.runfiles.writer import is_compact
+
+    folder, paths, _ = old_runs
+    frame, meta = read_run(paths[0])
+    write_run(paths[0], frame, meta, compact=True)
+    result = runner.invoke(app, ["data", "relabel", "--runs", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert read_meta(paths[0]).label_version == LABEL_VERSION
+    assert is_compact(paths[0]) and not is_compact(paths[1])

@@ -167,7 +167,7 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
         seconds=round(seconds, 2),
         torch_version=torch.__version__,
     )
-    write_run(tmp, frame, meta)
+    write_run(tmp, frame, meta, compact=True)  # the corpus pack: format.py, "compact"
     os.replace(tmp, path)  # the run exists, finished, or not at all
     return RunResult(
         run_id, path, label.onset_step, label.kind, cause, steps_run, seconds, onset_kind=kind

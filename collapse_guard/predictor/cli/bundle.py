@@ -1,5 +1,8 @@
 """``python -m collapse_guard.predictor.cli.bundle`` (``make default-model``): the bundled
-model rebuilt (``lifecycle.bundle``) and its test-split evaluation printed."""
+model rebuilt (``lifecycle.bundle``) and its test-split evaluation printed.
+
+Without ``--real`` it trains on the corpus pack of a source checkout (``corpus/real``,
+corpus/README.md), so a fresh clone rebuilds the model from the repository alone."""
 
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ from pathlib import Path
 from collapse_guard.errors import UserInputError, print_error
 from collapse_guard.predictor.lifecycle import bundle
 
-__all__ = ["main"]
+__all__ = ["CORPUS_PACK", "main"]
+
+# the run files kept in the repository; absent from an installed package
+CORPUS_PACK = Path(__file__).resolve().parents[3] / "corpus" / "real"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="folder of real run files; repeat for more",
+        help=f"folder of real run files; repeat for more (default: {CORPUS_PACK}, if there)",
     )
     parser.add_argument(
         "--out",
@@ -58,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="replace the model in --out even with one trained on fewer runs or collapses",
     )
     args = parser.parse_args(argv)
+    if not args.real and CORPUS_PACK.is_dir():
+        args.real = [CORPUS_PACK]
     console = Console()
     try:
         result = bundle.build_default_model(
