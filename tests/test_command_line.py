@@ -469,3 +469,12 @@ def test_a_dask_scheduler_that_is_not_there_is_one_line_within_seconds(
     )
     # distributed's own default waited 30 s, then printed ~190 lines of traceback
     assert time.perf_counter() - began < CONNECT_TIMEOUT_S + 15, line
+
+
+def test_calibrate_on_an_empty_folder_points_to_the_probe(tmp_path):
+    line = _one_line_error(
+        ["calibrate", "--runs", str(tmp_path), "--out", str(tmp_path / "m")],
+        f"no runs found under {tmp_path}",
+        "Probe(model, optimizer).record_to",
+    )
+    assert "data synth" not in line

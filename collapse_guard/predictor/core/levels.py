@@ -28,17 +28,36 @@ Budgets have one unit, healthy steps between false alarms; "false alarms per 10k
 steps" is a rate for reading, converted in one place (:func:`per_10k`). Whether runs
 *hold* a budget is one rule, :func:`allowed_false_alarms`, that the evaluation's budget
 check and promotion both apply.
+
+**The run as the unit.** A healthy run's highest risk comes once (the warmup's end, a
+re-warm), so few runs are few samples of it, however many steps they hold. A budget of one
+false alarm per ``B`` steps, over runs of ``L`` steps, is a per-run target: a new run may
+alarm with probability at most ``L / B`` (:func:`run_target`; each run that reaches a level
+counted as one false alarm, the hold keeping a peak's flicker one episode). Of ``K``
+exchangeable runs whose peaks ``j`` reach a level, a new run's chance to reach it is, for
+any continuous law of peaks, ``Beta(j + 1, K - j)``-distributed: ``(j + 1) / (K + 1)`` in
+expectation (just above the largest of ``K``: ``1 / (K + 1)``), and at most
+:func:`exceedance_bound` with the confidence asked. :func:`runs_needed` runs with none
+above a level certify a target.
+
+A stored level is a probability in (0, 1] (:func:`check_thresholds`, the one rule every
+reader of levels applies); levels set above every healthy risk stop at 1
+(:func:`valid_level`).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from collapse_guard.errors import UserInputError
+
+# scipy.stats (the beta law) is imported inside the run bounds: levels are read by the
+# service and the guard, which never set them
 
 __all__ = [
     "BUDGET_FACTOR",
@@ -50,13 +69,21 @@ __all__ = [
     "WARN",
     "WATCH",
     "Level",
+    "ThresholdError",
     "alarm_starts",
     "allowed_false_alarms",
+    "check_thresholds",
     "episode_counts",
+    "exceedance_bound",
     "level_of",
+    "order_statistic_level",
     "per_10k",
+    "run_target",
+    "runs_needed",
     "threshold_for_episodes",
     "thresholds_from_budgets",
+    "thresholds_or_none",
+    "valid_level",
 ]
 
 
@@ -159,6 +186,66 @@ def allowed_false_alarms(healthy_steps: int, budget_steps: float) -> int:
     return max(1, math.floor(BUDGET_FACTOR * healthy_steps / float(budget_steps)))
 
 
+class ThresholdError(ValueError):
+    """Thresholds no model may alarm with; the message names the field and what it got."""
+
+
+def valid_level(threshold: float) -> float:
+    """``threshold`` moved into (0, 1], the range a stored level must lie in.
+
+    Above every healthy risk of 1 (or a measured +inf) no probability can stay silent: the
+    level stops at 1, so those steps alarm and the evaluation counts them. At or under 0
+    (no step ever scored) every level is silent; the least positive number stands for it.
+    """
+    return float(min(max(threshold, np.finfo(np.float64).tiny), 1.0))
+
+
+def check_thresholds(values: object) -> dict[str, float]:
+    """``values`` as a model's levels, else a :class:`ThresholdError` naming the field.
+
+    The one rule for levels, wherever they come from (a model file, a service's answer): a
+    mapping of exactly the level names to numbers (not a bool, not a string), finite and
+    in (0, 1], ``watch <= warn <= critical``. At NaN, inf or above 1 no probability reaches
+    a level (its alarm is off), at 0 or below every one does (always on); 1 fires only at
+    certainty (a model meant never to alarm, e.g. a first champion).
+    """
+    names = [level.value for level in LEVELS]
+    if not isinstance(values, Mapping) or set(values) != set(names):
+        got = sorted(map(str, values)) if isinstance(values, Mapping) else values
+        raise ThresholdError(f"'thresholds' must name exactly {names}; got {got!r}")
+    levels: dict[str, float] = {}
+    for name in names:
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ThresholdError(
+                f"thresholds.{name} must be a number in (0, 1]; got "
+                f"{type(value).__name__} {value!r}"
+            )
+        if not (math.isfinite(value) and 0.0 < value <= 1.0):
+            fires = "always fire" if value <= 0.0 else "never fire"
+            raise ThresholdError(
+                f"thresholds.{name} must be a finite probability in (0, 1]; got {value!r} "
+                f"(its alarm would {fires})"
+            )
+        levels[name] = float(value)
+    for low, high in itertools.pairwise(names):
+        if levels[low] > levels[high]:
+            raise ThresholdError(
+                f"thresholds out of order: {low} {levels[low]!r} > {high} {levels[high]!r}; "
+                "expected watch <= warn <= critical"
+            )
+    return levels
+
+
+def thresholds_or_none(values: object) -> dict[str, float] | None:
+    """:func:`check_thresholds` for a reader that falls back rather than fails (the guard
+    reading a service's levels): the levels, or None when they break the rule."""
+    try:
+        return check_thresholds(values)
+    except ThresholdError:
+        return None
+
+
 def _clean(scores: np.ndarray) -> np.ndarray:
     # NaN means "no score at this step" (e.g. a rule still warming up): never an alarm
     s = np.asarray(scores, dtype=np.float64)
@@ -231,7 +318,8 @@ def thresholds_from_budgets(
 ) -> dict[str, float]:
     """Thresholds per level so that false alarms on healthy runs stay within budget.
 
-    ``healthy_scores``: per-step scores of each healthy validation run (every step).
+    ``healthy_scores``: per-step risks (probabilities) of each healthy validation run (every
+    step). Each threshold is a valid stored level (:func:`valid_level`): at most 1.
     ``budgets``: level -> healthy steps between false alarms; must name exactly LEVELS,
     with budgets increasing from watch to critical.
     """
@@ -259,7 +347,7 @@ def thresholds_from_budgets(
     for level, budget in zip(LEVELS, values, strict=True):
         allowed = math.floor(total_steps / budget)
         # max() keeps the levels ordered even where ties make two budgets land together
-        floor = max(floor, threshold_for_episodes(healthy_scores, allowed))
+        floor = max(floor, valid_level(threshold_for_episodes(healthy_scores, allowed)))
         out[level.value] = floor
     return out
 
@@ -273,3 +361,48 @@ def level_of(p: float, thresholds: Mapping[str, float]) -> Level:
         if p >= thresholds[level]:
             current = level
     return current
+
+
+# ------------------------------------------------------------------ the run as the unit
+def run_target(mean_steps: float, budget: float) -> float:
+    """The chance a new run of ``mean_steps`` healthy steps may reach a level of ``budget``
+    healthy steps between false alarms (module docstring); 1 or more: runs as long as the
+    budget may each alarm, and the run bounds nothing (the steps' own rate does)."""
+    return float(mean_steps) / float(budget)
+
+
+def _beta_ppf(confidence: float, a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    from scipy.stats import beta
+
+    return beta.ppf(confidence, a, b)
+
+
+def exceedance_bound(alarmed: int, runs: int, confidence: float) -> float:
+    """Upper ``confidence`` bound on a new run's chance to reach a level that ``alarmed`` of
+    ``runs`` exchangeable healthy runs reached (distribution-free: order statistics)."""
+    if alarmed >= runs:
+        return 1.0
+    return float(_beta_ppf(confidence, alarmed + 1, runs - alarmed))
+
+
+def runs_needed(target: float, confidence: float) -> int:
+    """Healthy runs, none of them reaching a level, that bound a new run's chance to reach
+    it by ``target`` with ``confidence``: ``1 - (1 - c) ** (1 / K) <= target``."""
+    if target >= 1.0:
+        return 1
+    return math.ceil(math.log1p(-confidence) / math.log1p(-target) - 1e-12)
+
+
+def order_statistic_level(peaks: np.ndarray, target: float, confidence: float) -> float | None:
+    """The lowest level whose :func:`exceedance_bound` over runs of highest risks ``peaks``
+    is within ``target``: just above the r-th highest peak for the largest r that holds;
+    None when even a level above every peak needs more runs (:func:`runs_needed`)."""
+    peaks = np.sort(np.asarray(peaks, dtype=np.float64))[::-1]
+    runs = peaks.size
+    alarmed = np.arange(runs)  # a level just above the (j + 1)-th highest: j runs reach it
+    held = _beta_ppf(confidence, alarmed + 1, runs - alarmed) <= target
+    if runs == 0 or not held[0]:
+        return None
+    # the bound rises with j: the last j that holds is the lowest level
+    j = int(np.flatnonzero(held)[-1])
+    return float(np.nextafter(peaks[j], np.inf))

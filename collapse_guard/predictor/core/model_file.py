@@ -40,9 +40,7 @@ finds the library through the ``lightgbm`` package only when a check runs).
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -50,14 +48,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collapse_guard.predictor.core.hold import MAX_HOLD_STEPS
-from collapse_guard.predictor.core.levels import LEVELS
+from collapse_guard.predictor.core.levels import ThresholdError, check_thresholds
 
 __all__ = [
     "BOOSTER_FILE",
@@ -78,7 +76,6 @@ __all__ = [
 FORMAT_VERSION = 1  # layout of the folder; bump when a file or a key changes meaning
 BOOSTER_FILE = "model.txt"  # RiskModel.save's names
 SPEC_FILE = "risk_model.json"
-LEVEL_NAMES = tuple(level.value for level in LEVELS)  # lowest first, as stored
 _CHILD_SECONDS = 120.0  # a 300-tree model parses in well under a second here
 _FIX = "save the model again (RiskModel.save) or copy the whole folder again"
 
@@ -148,38 +145,15 @@ def check_levels(thresholds: Any, hold_steps: Any, *, where: str) -> tuple[dict[
     """``(thresholds, hold_steps)`` as a model may store them, else a
     :class:`ModelFormatError` that starts with ``where`` and names the field.
 
-    A level is a number (not a bool, not a string) that is finite and in (0, 1]: at
-    NaN, inf or above 1 no probability ever reaches it (the alarm is off), at 0 or
-    below every one does (always on); 1 fires only at certainty (a model meant never
-    to alarm, e.g. a first champion). ``watch <= warn <= critical``. ``hold_steps`` is a
-    whole number (not a bool, not a float) in [0, MAX_HOLD_STEPS].
+    The levels by the one rule of ``levels.check_thresholds`` (finite numbers in (0, 1],
+    ``watch <= warn <= critical``). ``hold_steps`` is a whole number (not a bool, not a
+    float) in [0, MAX_HOLD_STEPS].
     """
     fix = "set them with RiskModel.with_thresholds or collapse-guard calibrate, then save"
-    if not isinstance(thresholds, Mapping) or set(thresholds) != set(LEVEL_NAMES):
-        got = sorted(map(str, thresholds)) if isinstance(thresholds, Mapping) else thresholds
-        raise ModelFormatError(
-            f"{where}: 'thresholds' must name exactly {list(LEVEL_NAMES)}; got {got!r}; {fix}"
-        )
-    levels: dict[str, float] = {}
-    for name in LEVEL_NAMES:
-        value = thresholds[name]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ModelFormatError(
-                f"{where}: thresholds.{name} must be a number in (0, 1]; got "
-                f"{type(value).__name__} {value!r}; {fix}"
-            )
-        if not (math.isfinite(value) and 0.0 < value <= 1.0):
-            raise ModelFormatError(
-                f"{where}: thresholds.{name} must be a finite probability in (0, 1]; got "
-                f"{value!r} (its alarm would {_never_or_always(value)}); {fix}"
-            )
-        levels[name] = float(value)
-    for low, high in itertools.pairwise(LEVEL_NAMES):
-        if levels[low] > levels[high]:
-            raise ModelFormatError(
-                f"{where}: thresholds out of order: {low} {levels[low]!r} > {high} "
-                f"{levels[high]!r}; expected watch <= warn <= critical; {fix}"
-            )
+    try:
+        levels = check_thresholds(thresholds)
+    except ThresholdError as error:
+        raise ModelFormatError(f"{where}: {error}; {fix}") from None
     if isinstance(hold_steps, bool) or not isinstance(hold_steps, int):
         raise ModelFormatError(
             f"{where}: hold_steps must be a whole number in [0, {MAX_HOLD_STEPS}]; got "
@@ -191,10 +165,6 @@ def check_levels(thresholds: Any, hold_steps: Any, *, where: str) -> tuple[dict[
             "fix it to e.g. 50 (the default)"
         )
     return levels, hold_steps
-
-
-def _never_or_always(value: float) -> str:
-    return "always fire" if value <= 0.0 else "never fire"
 
 
 # ---------------------------------------------------------- the booster file

@@ -73,6 +73,15 @@ def test_level_of():
 
 
 def _ar1(rng, n, phi=0.9):
+    # levels are stored probabilities, in (0, 1]: the process's log-odds as a risk
+    return _expit(_ar1_logodds(rng, n, phi))
+
+
+def _expit(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _ar1_logodds(rng, n, phi=0.9):
     # smooth healthy score process: alarms come in episodes, as real risk scores do
     e = rng.normal(size=n)
     x = np.empty(n)
@@ -103,8 +112,9 @@ def test_lead_time_on_rising_scores_exceeds_floor():
     th = thresholds_from_budgets([_ar1(rng, 2_000) for _ in range(100)])
     leads = []
     for _ in range(30):
-        s = _ar1(rng, 1_000)
-        s[800:] += np.linspace(0, 8, 200)  # onset at 1000
+        z = _ar1_logodds(rng, 1_000)
+        z[800:] += np.linspace(0, 8, 200)  # onset at 1000
+        s = _expit(z)
         first = next(i for i, v in itertools.chain(enumerate(s)) if v >= th["warn"] and i >= 800)
         leads.append(1_000 - first)
     assert np.mean(leads) > 50

@@ -17,8 +17,10 @@ from collapse_guard.cli import app
 from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, episode_counts
 from collapse_guard.predictor.core.recalibrate import (
+    MIN_PEAK_SPREAD,
     MIN_TAIL_SLOPE,
     calibrate,
+    gumbel_factor,
     healthy_levels,
     steps_needed,
 )
@@ -41,8 +43,9 @@ def test_steps_needed_is_the_poisson_bound_of_zero_alarms():
 
 def test_one_spike_a_run_puts_a_certified_watch_just_above_it_and_extrapolates_the_rest():
     # 10 runs of 1,000 steps at risk 0.1, one step of each at 0.5.
-    # watch (1/1,000): at 0.1 or 0.5 there are 10 episodes; their 90 % bound
-    # chi2.ppf(0.9, 22) / 20,000 = 1.54e-3 > 1e-3; above 0.5 none: 2.30 / 10,000 = 2.3e-4 <= 1e-3
+    # watch (1/1,000): runs as long as the budget, so on steps: at 0.1 or 0.5 there are 10
+    # episodes; their 90 % bound chi2.ppf(0.9, 22) / 20,000 = 1.54e-3 > 1e-3; above 0.5
+    # none: 2.30 / 10,000 = 2.3e-4 <= 1e-3
     runs = []
     for k in range(10):
         risk = np.full(1_000, 0.1)
@@ -51,15 +54,20 @@ def test_one_spike_a_run_puts_a_certified_watch_just_above_it_and_extrapolates_t
     levels = healthy_levels(runs, DEFAULT_BUDGETS)
     assert levels["watch"].threshold == np.nextafter(0.5, np.inf)
     assert levels["watch"].certified and levels["watch"].episodes == 0
-    # warn and critical: 10,000 steps certify neither (23,026 and 230,259 needed). Tail
-    # slope: top logit 0 minus the 90 % quantile logit(0.1) = -2.1972, over
-    # log10(0.1 * 10,000) = 3 decades: 0.7324 log-odds a decade
-    slope = math.log(9) / 3
-    assert levels["warn"].threshold == pytest.approx(_expit(slope * math.log10(2.3026)), rel=1e-3)
-    assert levels["critical"].threshold == pytest.approx(
-        _expit(slope * math.log10(23.026)), rel=1e-3
-    )
-    assert not levels["warn"].certified and levels["warn"].steps_needed == 23_026
+    assert levels["watch"].basis == "steps"
+    # warn and critical: a new run may alarm with 10 % and 1 %; 10 runs certify neither
+    # (22 and 230 runs needed). Every peak is 0.5: their log-odds 0 plus the Gumbel
+    # tolerance factor times the least spread, 0.1
+    for level, target in (("warn", 0.1), ("critical", 0.01)):
+        evidence = levels[level]
+        assert evidence.basis == "runs" and not evidence.certified
+        assert evidence.run_target == pytest.approx(target)
+        assert evidence.threshold == pytest.approx(
+            _expit(gumbel_factor(10, target, 0.9) * MIN_PEAK_SPREAD), rel=1e-12
+        )
+        assert evidence.exceedance_bound == pytest.approx(1 - 0.1**0.1)  # 0.206
+        assert evidence.alarmed_runs == 0 and evidence.expected_exceedance == 1 / 11
+    assert levels["warn"].runs_needed == 22 and levels["warn"].steps_needed == 23_026
     assert levels["warn"].healthy_steps == 10_000
 
 
@@ -188,8 +196,21 @@ def test_calibrate_command_writes_a_model_and_says_what_backs_each_level(
         app, ["calibrate", "--runs", *map(str, healthy_fresh), "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert "certified" in result.output and "23,026" in result.output
-    assert RiskModel.load(out).meta["base_version"] == RiskModel.load().meta["version"]
+    # 22 healthy runs of about 860 steps: watch (a new run may alarm with 86 %) certified,
+    # warn (8.6 %) and critical (0.86 %) not: 26 and 267 runs would certify them
+    assert "certified" in result.output and "26 runs certify it" in result.output
+    tuned = RiskModel.load(out)
+    assert tuned.meta["base_version"] == RiskModel.load().meta["version"]
+    notes = {level: e["note"] for level, e in tuned.meta["levels_evidence"].items()}
+    assert notes["warn"].startswith(
+        "warn: not certified: 22 healthy runs certify at most a 9.9% chance that a new run "
+        "alarms (90% confidence; 4.3% expected); its budget, 1 false alarm per 10,000 steps "
+        "over runs of 859 steps, is a 8.6% chance; 4 more healthy runs, none reaching it, "
+        "would certify that"
+    )
+    lines = result.output.splitlines()
+    assert notes["warn"] in lines and notes["critical"] in lines  # each one line, as stored
+    assert not any(line.startswith("watch:") for line in lines)  # certified: no warning
     again = runner.invoke(
         app, ["calibrate", "--runs", str(fresh_paths[0].parent), "--out", str(tmp_path / "x")]
     )
