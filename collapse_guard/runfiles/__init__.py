@@ -14,6 +14,7 @@ module             job
 ``reader``         run files read with checks: ``read_run``, ``read_meta``, ``list_runs``
 ``label``          the collapse label: onset, kind and spikes of a run (``label_run``)
 ``censoring``      a guarded run as training data: the rows after the guard acted censored
+``lineage``        a resumed run's files: which continue which; a crash's rows set aside
 ``relabel``        runs labelled under an older label rule brought to the current one
 ``records``        run files as training and evaluation read them (``load_runs``)
 ``ingest``         new run files from anywhere fsspec reaches into a dataset folder
@@ -31,6 +32,8 @@ from collapse_guard.runfiles.ingest import *  # noqa: F403
 from collapse_guard.runfiles.ingest import __all__ as _ingest
 from collapse_guard.runfiles.label import *  # noqa: F403
 from collapse_guard.runfiles.label import __all__ as _label
+from collapse_guard.runfiles.lineage import *  # noqa: F403
+from collapse_guard.runfiles.lineage import __all__ as _lineage
 from collapse_guard.runfiles.reader import *  # noqa: F403
 from collapse_guard.runfiles.reader import __all__ as _reader
 from collapse_guard.runfiles.records import *  # noqa: F403
@@ -47,6 +50,7 @@ __all__ = sorted(
         *_reader,
         *_label,
         *_censoring,
+        *_lineage,
         *_relabel,
         *_records,
         *_ingest,

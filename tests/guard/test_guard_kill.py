@@ -98,6 +98,9 @@ def test_sigkill_at_random_moments_loses_nothing_before_the_durable_point(tmp_pa
         assert kept == list(range(start, next_start)), (start, next_start, rows)
         steps += kept
     assert steps == list(range(STEPS))  # lineage holds end to end: every step once
+    # and the folder itself: the rows a crash left past its checkpoint were set aside
+    recorded = sorted(s for p in list_runs(tmp_path) for s in read_run(p)[0]["step"])
+    assert recorded == list(range(STEPS)), "a step recorded twice or not at all"
     assert not list(tmp_path.glob(".*.tmp*"))  # what killed writes left, cleaned at start
     print(
         f"\nkills tried {KILLS}, steps {STEPS}, steps lost per kill {lost} "
@@ -129,7 +132,7 @@ def _resumed(folder):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = guard.resume()
-    said = [str(w.message) for w in caught if "recorded twice" in str(w.message)]
+    said = [str(w.message) for w in caught if "collapse-guard resume:" in str(w.message)]
     return guard, model, opt, start, said
 
 
@@ -171,9 +174,38 @@ def test_a_resume_after_a_crash_trains_again_from_the_checkpoint(tmp_path):
     newest = int(first.ring.newest().name[6:15])
     assert newest < 14
     guard, model, opt, start, said = _resumed(tmp_path)
-    # the process stopped (no normal close): the steps after the checkpoint train again
-    assert start == newest and said == []
+    # the process stopped (no normal close): the steps after the checkpoint train again,
+    # and their first recording leaves the crashed run's file (said once)
+    assert start == newest and len(said) == 1
+    assert f"steps {newest}-13 of run {first.run_id} taken out of its file" in said[0]
+    assert read_run(first.run_path)[0]["step"].tolist() == list(range(newest))
+    assert read_meta(first.run_path).extra["cut"][0]["from_step"] == newest
     _loop(guard, model, opt, range(start, 16))
     guard.close()
     assert read_run(guard.run_path)[0]["step"].tolist() == list(range(newest, 16))
-    assert read_run(first.run_path)[0]["step"].tolist() == list(range(14))
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_set_aside_at_the_next_resume(tmp_path):
+    from guard_helpers import tiny_model
+
+    from collapse_guard.guard import Guard
+    from collapse_guard.runfiles import SUPERSEDED
+
+    model, opt = tiny_model()
+    first = Guard(model, opt, tmp_path, risk="off", policy=_CONFIG)
+    _loop(first, model, opt, range(14))
+    first._writer.flush()  # then killed
+    checkpoint = first.ring.newest().name
+    second, model2, opt2, start, _ = _resumed(tmp_path)
+    _loop(second, model2, opt2, [start])
+    second._writer.flush()  # one step recorded, killed before a checkpoint of its own
+    assert second.ring.newest().name == checkpoint
+    third, model3, opt3, again, said = _resumed(tmp_path)
+    assert again == start  # the same checkpoint: the second life's step trains again
+    assert len(said) == 1 and f"run-{second.run_id}.parquet{SUPERSEDED} set aside" in said[0]
+    _loop(third, model3, opt3, range(again, 18))
+    third.close()
+    assert not second.run_path.exists()
+    assert second.run_path.with_name(second.run_path.name + SUPERSEDED).exists()
+    recorded = sorted(s for p in list_runs(tmp_path) for s in read_run(p)[0]["step"])
+    assert recorded == list(range(18))  # every step once, in the first and third files
