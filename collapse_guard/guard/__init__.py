@@ -12,6 +12,7 @@ from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.guard.qk_clip import QKLayout
 from collapse_guard.guard.risk_spec import ServiceRisk
 from collapse_guard.guard.schedule import warmup_cosine
+from collapse_guard.guard.trackers import Trackers, guard_metrics
 
 __all__ = [
     "RISK_LEVELS",
@@ -22,6 +23,8 @@ __all__ = [
     "QKLayout",
     "ServiceRisk",
     "StepFacts",
+    "Trackers",
     "decide",
+    "guard_metrics",
     "warmup_cosine",
 ]

@@ -12,8 +12,10 @@ The order of the rules is the order of their urgency::
     give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
     rescue    online collapse (not in data-fault mode) | non-finite loss |
               max_skip_streak non-finite-gradient skips in a row | max_outlier_skips
-              z-score skips in a row within lr_jump_steps of an LR jump -> no update,
-              roll back to the ring's average, skip batches, cap the LR
+              z-score skips in a row within lr_jump_steps of an LR jump (a step change
+              of the loop's LR, not a smooth rise: reactive.lr_jumped) -> no update,
+              roll back to the ring's average, skip batches, cap the LR (a cap that
+              lifts while the run stays healthy: rescue.lift_cap)
     average   the first step after a rollback to the ring's average is a loss outlier: the
               mean of the checkpoints left the basin (far-apart checkpoints, sign-update
               optimizers) -> roll back again to the newest checkpoint alone, with no new
@@ -51,6 +53,10 @@ event                       meaning
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
 ``lr_ceiling:<lr>``          the LR in force is capped at ``lr`` from now on (rescue)
+``lr_lift:<lr>``            the cap rose to ``lr`` after a healthy stretch
+``lr_ceiling:off``          the cap rose over the loop's LR: gone
+``lr_fall:<lr>@<edge>``     a warn or a precursor: the cap fell to ``lr``; ``edge``, the LR
+                            in force then, bounds the next rises
 ``rescue:average_worse:..``  the ring's average is worse than its newest: roll back to it
 ``data_fault:<reason>``     data-fault mode begins (the restored weights see outliers)
 ``data_clear``              data-fault mode ends
@@ -97,7 +103,7 @@ class StepFacts:
     since_checkpoint: int = 0  # steps since the last ring checkpoint
     quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
     amp_overflow: bool = False  # the GradScaler found inf/NaN: its own skip, not ours
-    lr_jump: bool = False  # the loop's LR rose over lr_jump_ratio within lr_jump_steps
+    lr_jump: bool = False  # the loop's LR jumped within lr_jump_steps (reactive.lr_jumped)
     after_rollback: bool = False  # the first step at the weights a rollback restored
     averaged_rollback: bool = False  # those weights are a mean of checkpoints, never measured
     data_fault: bool = False  # in data-fault mode before this step

@@ -48,7 +48,7 @@ from collapse_guard.guard import check, ddp, measure
 from collapse_guard.guard.amend import Decider, gather_facts
 from collapse_guard.guard.apply import Applier
 from collapse_guard.guard.decision import GuardDecision
-from collapse_guard.guard.keep import guard_state, load_guard_state, load_resume, save_checkpoint
+from collapse_guard.guard.keep import guard_state, load_guard_state, resume_run, save_checkpoint
 from collapse_guard.guard.policy import GuardPolicy, resolve_policy
 from collapse_guard.guard.preflight import warn_preflight
 from collapse_guard.guard.qk_clip import QKMapping
@@ -58,6 +58,7 @@ from collapse_guard.guard.risk_spec import RiskSpec
 from collapse_guard.guard.setup import build_setup
 from collapse_guard.guard.state import STATE_VERSION, InState, RunState
 from collapse_guard.guard.tally import tally
+from collapse_guard.guard.trackers import TrackerSpec
 from collapse_guard.probe import ProbeConfig
 
 __all__ = ["STATE_VERSION", "Guard", "GuardGaveUp"]
@@ -73,9 +74,9 @@ class Guard:
             (``run-<run_id>.parquet``) and the forensics of rescues.
         scaler: the AMP ``GradScaler``, if any: the guard unscales, steps and updates it.
         risk: None or ``"embedded"`` (the bundled model), ``"off"`` (reactive path
-            only), ``ServiceRisk(url, token=, timeout=)``, a service URL or a
-            ``RiskClient`` (the embedded model as fallback), a ``RiskModel`` or a model
-            folder (risk_spec.py).
+            only), ``ServiceRisk(url, fallback=MODEL)`` (the model scoring while the
+            service fails; default the bundled one), a URL or a ``RiskClient``, a
+            ``RiskModel`` or a model folder (risk_spec.py).
         policy: a :class:`GuardPolicy` or a mapping of its fields (``config=``: its old
             name, deprecated).
         probe_config: the owned probe's :class:`ProbeConfig`.
@@ -90,6 +91,8 @@ class Guard:
             optimizer must skip on the device, ``fused=True`` Adam, AdamW or SGD; a rescue
             comes a step later: deferred.py) or ``"auto"`` (deferred for such an optimizer
             on a GPU, else ``"step"``: on the CPU a read costs no stall).
+        trackers: where the guard's numbers go every ``risk_every`` steps (trackers.py):
+            default the active MLflow run, if any; a ``SummaryWriter``, a callable, a list.
     """
 
     # what loops, tests and integrations read, where it lives (a descriptor each, named
@@ -101,7 +104,7 @@ class Guard:
     step_index, level, probability, rescues = (InState("run") for _ in range(4))
     skipped, checkpoints, lr_ceiling, pending_skips = (InState("run") for _ in range(4))
     first_warning, events, qk_clips, qk_pending = (InState("run") for _ in range(4))
-    risk_source, risk_readings = InState("run"), InState("run")
+    risk_source, risk_model_version, risk_readings = (InState("run") for _ in range(3))
     window, loss_history, lr_in_force = (InState("trajectory") for _ in range(3))
 
     def __init__(
@@ -121,12 +124,14 @@ class Guard:
         preflight: bool = True,
         qk_layouts: QKMapping = None,
         sync: str = "auto",
+        trackers: TrackerSpec = None,
         config: GuardPolicy | Mapping[str, Any] | None = None,
     ) -> None:
         self.setup, self.trajectory = build_setup(
             model, optimizer, checkpoint_dir, resolve_policy(policy, config), scaler=scaler,
             risk=risk, probe_config=probe_config, run_id=run_id, record=record, token=token,
             timeout=timeout, preflight=preflight, qk_layouts=qk_layouts, sync=sync,
+            trackers=trackers,
         )  # fmt: skip
         self.training, self._sync = self.setup.training, self.setup.sync
         self._decide, self._apply = Decider(self.setup), Applier(self.setup)
@@ -150,17 +155,11 @@ class Guard:
 
     def resume(self, path: str | os.PathLike | None = None) -> int:
         """Load model, optimizer, scaler and guard state (its history too) from a ring
-        checkpoint (default: the newest valid one that loads: keep.py); returns the step to
-        continue from (after the last one recorded: no step is recorded twice). The
-        run records into a new run file (a finished Parquet file cannot be appended to)
+        checkpoint (default: the newest valid one that loads); returns the step to continue
+        from (keep.py: no step is recorded twice). The run records into a new run file
         whose metadata names the run it continues (``extra["continues"]``: run_id, step,
-        checkpoint): the two files end to end are the run."""
-        tidy = self.rank == 0  # rank 0 alone renames refused checkpoints and warns
-        path, state = load_resume(self.ring, self.training, path, tidy, self.load_state_dict)
-        self.run.resumed(path.name, state["guard"]["run"]["run_id"])
-        if self._writer is not None:  # lineage on disk from the first chunk, not at close
-            self._writer.update_meta(extra={"continues": self.run.continues})
-        return self.run.step_index
+        checkpoint): the files end to end are the run. Rank 0 alone tidies and warns."""
+        return resume_run(self.setup, self.run, path, self.load_state_dict)
 
     # --------------------------------------------------------------- batches
     def should_skip_batch(self) -> bool:
@@ -295,7 +294,7 @@ class Guard:
         # the step's norms join the history now: the decision and the clipping judged them
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
-        events = [*decision.events, *clipped]
+        events = [*decision.events, *clipped, *self._rescue.lift(decision, run, self.trajectory)]
         run.qk_clips += len(clipped)
         tally(decision, record, run, self.trajectory)
         if decision.rescue:
@@ -307,6 +306,7 @@ class Guard:
         run.step_index += 1  # a checkpoint holds the state *after* step s: resume at s + 1
         if decision.checkpoint and not decision.rescue:
             self._checkpoint()
+        self.setup.trackers.log(self)
         window = self.trajectory.window
         if self.risk is not None and (s + 1) % self.policy.risk_every == 0 and len(window):
             self.risk.submit(s, window.window(), self.trajectory.context.get())

@@ -17,15 +17,18 @@ import torch
 
 from collapse_guard.guard.checkpoints import CheckpointRing, CorruptCheckpoint, load_verified
 from collapse_guard.guard.state import STATE_VERSION, RunState, Training, Trajectory
+from collapse_guard.runfiles.lineage import continuing, cut_after, run_files, supersede
 
 __all__ = [
     "RECORDED_LOSS_STEPS",
     "check_state",
     "check_version",
     "checkpoint_state",
+    "drop_unkept_rows",
     "load_resume",
     "recorded_after",
     "resume_point",
+    "resume_run",
     "save_checkpoint",
 ]
 
@@ -230,11 +233,14 @@ def load_resume(
     path: str | os.PathLike | None,
     tidy: bool,
     guard: Callable[[Mapping[str, Any]], Any],
+    own: str,
 ) -> tuple[Path, dict[str, Any]]:
     """:func:`resume_point` whose checkpoint passed :func:`check_state` and loaded into
     ``training`` and, through ``guard``, the guard's state (a checkpoint that fails any of
     it is the next one's turn); adopted by the ring (its lineage). The run goes on after
-    the last step its run files recorded (:func:`recorded_after`)."""
+    the last step its run files recorded (:func:`recorded_after`); after a crash, the rows
+    recorded past the checkpoint leave the folder (:func:`drop_unkept_rows`). ``own``: the
+    resuming run's id."""
 
     def accept(candidate: Path, state: dict[str, Any]) -> None:
         why = check_state(state, training)
@@ -252,10 +258,27 @@ def load_resume(
     path, state = resume_point(ring, path, tidy, accept)
     ring.adopt(path, tidy=tidy)
     start = recorded_after(ring.folder, path, state, say=tidy)
+    if tidy and start == state["guard"]["run"]["step_index"]:
+        drop_unkept_rows(ring.folder, path, str(state["guard"]["run"]["run_id"]), start, own)
     if start != state["guard"]["run"]["step_index"]:
         state["guard"]["run"]["step_index"] = start
         guard(state["guard"])
     return path, state
+
+
+def resume_run(
+    setup: Any, run: RunState, path: str | os.PathLike | None, load: Callable[[Any], Any]
+) -> int:
+    """``Guard.resume``: the checkpoint (``path`` or the newest valid) loaded through
+    ``load`` (the guard's ``load_state_dict``), ``run`` marked as resumed from it and the
+    run file's lineage written from its first chunk on; the step to continue from. Rank 0
+    alone tidies and warns."""
+    tidy = setup.rank == 0
+    found, state = load_resume(setup.ring, setup.training, path, tidy, load, setup.run_id)
+    run.resumed(found.name, state["guard"]["run"]["run_id"])
+    if setup.writer is not None:
+        setup.writer.update_meta(extra={"continues": run.continues})
+    return run.step_index
 
 
 def recorded_after(folder: Path, path: Path, state: Mapping[str, Any], say: bool = True) -> int:
@@ -263,8 +286,8 @@ def recorded_after(folder: Path, path: Path, state: Mapping[str, Any], say: bool
     its run (or a run that continues it) had finished (closed normally) past it, the step
     after the last recorded one: a finished run is not trained again, and no step is
     recorded twice. Said in a warning. A run whose process stopped goes on at the
-    checkpoint's step: the steps after it are trained again from its weights (their rows
-    then stand in both files; the newer file's are the run's)."""
+    checkpoint's step: the steps after it are trained again from its weights (their old
+    rows leave the folder: :func:`drop_unkept_rows`)."""
     step = int(state["guard"]["run"]["step_index"])
     last, run_id, finished = _last_recorded(folder, str(state["guard"]["run"]["run_id"]))
     if last is None or last < step or not finished:
@@ -288,23 +311,9 @@ def _last_recorded(folder: Path, run_id: str) -> tuple[int | None, str, bool]:
     left out (a resume is not refused for them)."""
     import pyarrow.parquet as pq  # the run files' own: lazily
 
-    from collapse_guard.runfiles import read_meta
-
-    runs: dict[str, tuple[Path, Any]] = {}
-    for file in folder.glob("run-*.parquet"):
-        try:
-            meta = read_meta(file)
-        except Exception:  # a damaged or foreign file: not this run's record
-            continue
-        runs[meta.run_id] = (file, meta)
-    parent = {
-        rid: (meta.extra.get("continues") or {}).get("run_id") for rid, (_, meta) in runs.items()
-    }
-    lineage, best, grew = {run_id}, (None, run_id, False), True
-    while grew:  # the files that continue the run, and those that continue them
-        more = {rid for rid, of in parent.items() if of in lineage} - lineage
-        grew, lineage = bool(more), lineage | more
-    for rid in sorted(lineage & set(runs)):
+    runs = run_files(folder)
+    best: tuple[int | None, str, bool] = (None, run_id, False)
+    for rid in sorted(({run_id} | continuing(runs, run_id)) & set(runs)):
         file, meta = runs[rid]
         try:
             steps = pq.read_table(file, columns=["step"]).column("step").to_pylist()
@@ -313,6 +322,30 @@ def _last_recorded(folder: Path, run_id: str) -> tuple[int | None, str, bool]:
         if steps and (best[0] is None or steps[-1] > best[0]):
             best = (steps[-1], rid, "guard" in meta.extra)
     return best
+
+
+def drop_unkept_rows(folder: Path, checkpoint: Path, run_id: str, step: int, own: str) -> None:
+    """After a crash the run goes on from ``checkpoint`` (run ``run_id``'s state before
+    ``step``): the rows recorded from ``step`` on, by that run or the runs that continued
+    it, were trained from weights now thrown away. They leave the folder (cut from the
+    run's file; the continuing runs' files superseded: runfiles/lineage.py), so the run
+    files hold every step once; said in one warning. ``own``: the resuming run's id."""
+    runs = run_files(folder)
+    said = []
+    if run_id in runs:
+        gone = cut_after(runs[run_id][0], step, f"resumed from {checkpoint.name}")
+        if gone:
+            said.append(f"steps {gone[0]}-{gone[-1]} of run {run_id} taken out of its file")
+    for rid in sorted(continuing(runs, run_id) - {own}):
+        said.append(f"{supersede(runs[rid][0]).name} set aside (run {rid}, after the checkpoint)")
+    if said:
+        warnings.warn(
+            f"collapse-guard resume: the run goes on from {checkpoint.name} at step {step} "
+            f"(the process stopped): the rows recorded after it are trained again, so "
+            f"{'; '.join(said)}",
+            RuntimeWarning,
+            stacklevel=4,  # the loop's call of Guard.resume
+        )
 
 
 def guard_state(run: RunState, trajectory: Trajectory, hold: Any, run_id: str) -> dict[str, Any]:

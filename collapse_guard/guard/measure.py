@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.reactive import lr_jumped  # the LR-jump rule lives there
 
 __all__ = [
     "amp_enabled",
@@ -82,12 +82,3 @@ def amp_overflow(scaler: Any, optimizer: Any) -> bool:
         return False
     found = _scaler_state(scaler, optimizer).get("found_inf_per_device", {})
     return bool(sum(v.item() for v in found.values()))  # sync only under AMP
-
-
-def lr_jumped(loop_lrs: Sequence[float], policy: GuardPolicy) -> bool:
-    """The loop's LR rose over lr_jump_ratio within the last lr_jump_steps steps."""
-    n = policy.lr_jump_steps
-    if len(loop_lrs) <= n:
-        return False
-    lrs = list(loop_lrs)
-    return max(lrs[-n:]) > policy.lr_jump_ratio * max(lrs[:-n])

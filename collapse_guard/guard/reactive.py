@@ -10,17 +10,33 @@ goes: the same EWMA time constant, best level and margin (``LabelRule``), the sa
 settle period; only the confirmation differs. The label confirms a collapse when the
 excursion outlasts its recovery window (3,000 steps), which a live run cannot wait
 for; here an excursion that stays open ``confirm_steps`` steps is a collapse.
+
+:func:`lr_jumped` reads the schedule the loop set (each step's ``param_groups[0]["lr"]``,
+before the guard's multiplier): a step change of the LR is a jump, after which an outlier
+streak is the optimizer's doing; a smooth rise (a warmup, a user's ramp) is not one.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
+from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.runfiles.label import LabelRule
 
-__all__ = ["OnlineLabel", "OutlierHistory"]
+__all__ = ["OnlineLabel", "OutlierHistory", "lr_jumped"]
+
+
+def lr_jumped(loop_lrs: Sequence[float], policy: GuardPolicy) -> bool:
+    """At one of the last ``lr_jump_steps`` steps the loop's LR was over ``lr_jump_ratio``
+    x its LR ``lr_jump_span`` steps before (``loop_lrs``: the loop's LR by step, newest
+    last). With span 1 a ramp rising by less than the ratio each step is no jump, however
+    far it goes; a step change is one for lr_jump_steps steps."""
+    lrs, span = list(loop_lrs), policy.lr_jump_span
+    first = max(span, len(lrs) - policy.lr_jump_steps)
+    return any(lrs[i] > policy.lr_jump_ratio * lrs[i - span] for i in range(first, len(lrs)))
 
 
 class OutlierHistory:

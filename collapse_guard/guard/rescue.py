@@ -4,10 +4,28 @@
 checkpoint's, or a fresh one without a checkpoint); the run state learns the rescue
 (its count, the cap, the skips). :func:`gave_up` is the error of a run that keeps
 collapsing.
+
+The cap gives the LR back (:func:`lift_cap`, every step a cap is set): after each
+``lr_lift_steps`` healthy steps in a row it rises ``lr_lift``-fold, and it is gone once a
+rise takes it over the loop's LR. At the first step of a warn or of a :func:`precursor`
+(an open loss excursion, or a smoothed loss over its best by more than its noise and
+``lr_lift_loss_rise`` nats: a rise that trains worse) a risen cap falls back to
+``lr_fall`` x the LR in force, never below the rescue's own cap, and that LR is
+remembered as the edge: later rises stop at
+``lr_edge_share`` x the edge. A second rescue (and any later one) remembers the LR it
+came at as the edge too; the first does not: the LR it came at may be sound (a bad
+batch) and the cap lifts to the schedule, which tells. The cap, its floor and the edge
+are run state: a rollback keeps them, a checkpoint carries them::
+
+    rescue (cap c, edge e) --healthy x lr_lift_steps--> c x lr_lift ... <= lr_edge_share x e
+        ^                                                  |           (> loop's LR: gone)
+        |                       warn / excursion opens at LR l: edge l, cap lr_fall x l
+        +-- a second rescue (new cap and edge) <-----------+
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -18,10 +36,12 @@ from collapse_guard.guard.checkpoints import save_atomic
 from collapse_guard.guard.decision import GuardDecision
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.state import RunState, Training, Trajectory
+from collapse_guard.predictor.core.levels import WARN
 
-__all__ = ["GuardGaveUp", "Rescuer", "gave_up"]
+__all__ = ["GuardGaveUp", "Rescuer", "gave_up", "lift_cap", "precursor"]
 
 
 class GuardGaveUp(RuntimeError):
@@ -40,14 +60,20 @@ def _forensics(
 
 
 def _caps(
-    decision: GuardDecision, run: RunState, healthy_lr: float, blown: dict, policy: GuardPolicy
-) -> list[str]:
-    """A lower LR cap, batches to skip and caps on the tensors that blew up."""
-    p = policy
+    decision: GuardDecision, run: RunState, lrs: tuple[float, float], blown: dict,
+    policy: GuardPolicy,
+) -> list[str]:  # fmt: skip
+    """A lower LR cap, batches to skip and caps on the tensors that blew up; ``lrs``: the
+    LR of the checkpoint rolled back to and the LR the collapse came at (from the second
+    rescue on, the edge)."""
+    p, (healthy_lr, broke_at) = policy, lrs
     if math.isfinite(healthy_lr):
         developed = decision.reason == "online_collapse"
         factor = p.developed_rescue_lr if developed else p.rescue_lr
-        run.lr_ceiling = factor * min(run.lr_ceiling, healthy_lr)
+        run.lr_ceiling = run.lr_floor = factor * min(run.lr_ceiling, healthy_lr)
+        run.lift_quiet, run.lift_troubled = 0, False
+    if run.rescues > 1 and math.isfinite(broke_at):
+        run.lr_edge = broke_at
     run.pending_skips += p.skip_batches
     for name, median in blown.items():
         run.layer_bounds[name] = p.rescue_layer_clip * median
@@ -80,7 +106,8 @@ class Rescuer:
                 said += f"{where} ({error}); the rescue goes on without them (said once)"
                 setup.once.warn("forensics_unwritten", said, stacklevel=4)
                 events.append("forensics:unwritten")
-        healthy_lr = trajectory.lr_in_force  # without a checkpoint: the LR of the last update
+        broke_at = healthy_lr = trajectory.lr_in_force  # without a checkpoint: the LR of the
+        # last update, the one the collapse came at
         run.averaged_rollback = False
         if decision.rollback_to:
             state = setup.ring.rollback_state(decision.rollback_to)
@@ -99,7 +126,85 @@ class Rescuer:
         run.skip_streak = run.quiet_steps = 0
         if decision.reason.startswith("average_worse"):  # a correction of the last rescue:
             return events, trajectory  # its LR cap and batch skips stand, none added
-        return events + _caps(decision, run, healthy_lr, blown, policy), trajectory
+        return events + _caps(decision, run, (healthy_lr, broke_at), blown, policy), trajectory
+
+    def lift(self, decision: GuardDecision, run: RunState, trajectory: Trajectory) -> list[str]:
+        """The cap's rise or fall after step ``run.step_index`` (:func:`lift_cap`)."""
+        policy, optimizer = self.setup.policy, self.setup.training.optimizer
+        if not math.isfinite(run.lr_ceiling) or not policy.lr_lift_steps:
+            return []  # no cap to move (the precursor's pass over the losses is not free)
+        seen = ddp.share(  # rank 0's online label is the one that decides: ranks keep one cap
+            precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
+            if self.setup.rank == 0
+            else None
+        )
+        loop_lr = run.loop_lrs[-1] if run.loop_lrs else optimizer.param_groups[0]["lr"]
+        return lift_cap(decision, run, seen, (loop_lr, trajectory.lr_in_force), policy)
+
+
+def precursor(online: OnlineLabel, history: OutlierHistory, step: int, policy: GuardPolicy) -> bool:
+    """The loss says trouble at ``step``: the online label's excursion is open (its
+    margin), or the smoothed loss is over its best by ``lr_lift_loss_rise`` nats and by
+    ``lr_lift_loss_z`` x the smoothing's noise (a rise of the cap whose LR trains worse).
+    The noise: a batch's, from the recent losses' steps (``history``: std of consecutive
+    differences / sqrt 2, blind to the trend), x sqrt(a / (2 - a)), the EWMA's share of
+    white noise at weight a; the best, a minimum of that noisy curve, sits a few of those
+    below its mean, hence a z as high as the outlier rule's."""
+    if online.open_for(step) > 0:
+        return True
+    losses = list(history.values)
+    if len(losses) < history.min_count:
+        return False
+    steps = [b - a for a, b in itertools.pairwise(losses)]
+    batch = math.sqrt(sum(d * d for d in steps) / (2 * len(steps)))
+    margin = max(
+        policy.lr_lift_loss_rise,
+        policy.lr_lift_loss_z * batch * math.sqrt(online.alpha / (2 - online.alpha)),
+    )
+    return online.smoothed - online.best > margin  # NaN or -inf before there is a best
+
+
+def lift_cap(
+    decision: GuardDecision, run: RunState, loss_warns: bool, lrs: tuple[float, float],
+    policy: GuardPolicy,
+) -> list[str]:  # fmt: skip
+    """Raise or lower the rescues' cap after a step (module docstring); ``loss_warns``:
+    the loss shows a :func:`precursor`; ``lrs``: the loop's LR of the step and the LR in
+    force. Returns its events (``lr_lift:<cap>``, ``lr_ceiling:off``, ``lr_fall:..``)."""
+    if not math.isfinite(run.lr_ceiling) or decision.rescue or not policy.lr_lift_steps:
+        return []
+    if decision.level >= WARN or loss_warns:
+        fall = not run.lift_troubled and run.lr_ceiling > run.lr_floor
+        run.lift_troubled, run.lift_quiet = True, 0
+        return _fall(run, lrs[1], policy) if fall else []
+    run.lift_troubled = False
+    accepted = any(e.startswith("accept:") for e in decision.events)
+    if not decision.apply_update or accepted:  # a reactive trigger: the stretch starts over
+        run.lift_quiet = 0
+        return []
+    run.lift_quiet += 1
+    if run.lift_quiet < policy.lr_lift_steps:
+        return []
+    run.lift_quiet = 0
+    return _rise(run, lrs[0], policy)
+
+
+def _rise(run: RunState, loop_lr: float, policy: GuardPolicy) -> list[str]:
+    cap = min(run.lr_ceiling * policy.lr_lift, policy.lr_edge_share * run.lr_edge)
+    if max(cap, run.lr_ceiling) > loop_lr:  # the schedule is under the cap: its LR again
+        run.lr_ceiling = run.lr_floor = math.inf
+        return ["lr_ceiling:off"]
+    if cap <= run.lr_ceiling:  # at the edge's bound already
+        return []
+    run.lr_ceiling = cap
+    return [f"lr_lift:{cap:.3g}"]
+
+
+def _fall(run: RunState, lr_in_force: float, policy: GuardPolicy) -> list[str]:
+    edge = min(run.lr_ceiling, lr_in_force) if math.isfinite(lr_in_force) else run.lr_ceiling
+    run.lr_edge = edge
+    run.lr_ceiling = max(run.lr_floor, policy.lr_fall * edge)
+    return [f"lr_fall:{run.lr_ceiling:.3g}@{edge:.3g}"]
 
 
 def gave_up(

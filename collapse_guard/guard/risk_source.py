@@ -8,8 +8,15 @@ so an answer applies at the step after it arrives: the embedded model answers wi
 
 The service never stops training (docs/design.md, "Guard"): if it cannot be reached, times out,
 answers an error or garbage, or is still busy with the previous window when the next is
-due, the window is scored by the embedded model instead, a warning is given once, and the
-service is tried again after a back-off (2, 4, ... 32 windows). Everything read from the
+due, the window is scored by the fallback model instead, a warning is given once, and the
+service is tried again after a back-off (2, 4, ... 32 windows).
+
+The fallback is the model named with the guard (``ServiceRisk(url, fallback=FOLDER)``),
+else the bundled one. No route of the service hands out a model's files (``/model`` names
+a folder by its last name only), so the guard cannot fetch the served model itself: the
+warning names the version it scores with and the served one, and says so loudly when they
+differ (their levels then differ too: a calibrated model's ``warn`` is not the bundled
+model's). Every reading carries the version that scored it. Everything read from the
 network is untrusted. The client reads an answer strictly and within its size and time
 bounds (service/client/risk_client.py: ``true`` or ``"0.5"`` is no probability, a 300 MB
 or trickling answer is cut off), and :func:`read_answer` checks again whatever a client
@@ -39,7 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from collapse_guard.predictor.core.hold import MAX_HOLD_STEPS, RiskHold
-from collapse_guard.predictor.core.levels import LEVELS, RISK_LEVELS, Level
+from collapse_guard.predictor.core.levels import RISK_LEVELS, Level, thresholds_or_none
 
 __all__ = [
     "MAX_HOLD_STEPS",
@@ -48,12 +55,17 @@ __all__ = [
     "ReadingHold",
     "RiskReading",
     "ServiceSource",
+    "model_version",
     "read_answer",
 ]
 
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 32  # windows skipped, at most, before the service is tried again
+_NAME_IT = (
+    "; to keep the served model and its levels, name it with the guard: "
+    "ServiceRisk(url, fallback=MODEL_FOLDER)"
+)
 
 
 class GarbageAnswer(ValueError):
@@ -84,30 +96,37 @@ def read_answer(result: Any) -> tuple[float, Level, int]:
 
 
 def _thresholds(values: Any) -> dict[str, float] | None:
-    """Thresholds as levels -> p, numbers in (0, 1), rising; None when they are not that
-    (untrusted too: a string or a boolean is not a number, and a threshold at or over 1
-    would switch its level off)."""
-    if not isinstance(values, dict):
+    """The service's levels under the one rule for levels (``check_thresholds``: numbers,
+    not strings or booleans, finite, in (0, 1], rising); None when they break it (untrusted:
+    a level at NaN or over 1 would switch its alarm off)."""
+    return thresholds_or_none(values)
+
+
+def model_version(model: Any) -> str | None:
+    """The version the service names ``model`` by (``_content_version`` of
+    service/server/model_state.py, a floor the guard does not import): its label, with its
+    content digest unless the label ends with it or the registry numbered it; None for a
+    stand-in without a version."""
+    meta = getattr(model, "meta", None)
+    if not isinstance(meta, dict) or "version" not in meta:
         return None
-    found = [values.get(level.value) for level in LEVELS]  # OK has no threshold
-    if not all(_is_number(v) and math.isfinite(v) and 0.0 < v < 1.0 for v in found):
-        return None
-    ordered = [float(v) for v in found]
-    if ordered != sorted(ordered):
-        return None
-    return {level.value: v for level, v in zip(LEVELS, ordered, strict=True)}
+    label, digest = str(meta["version"]), model.fingerprint()[:8]
+    # a registry load stamps the version's run id and its models:/ source (predictor.core.store)
+    numbered = "run_id" in meta and str(meta.get("source", "")).startswith("models:/")
+    return label if numbered or label.endswith(digest) else f"{label}+{digest}"
 
 
 @dataclass(frozen=True)
 class RiskReading:
     """One risk answer: the window's last step, P(collapse within the horizon), its level,
-    and how long the model's levels want it held."""
+    how long the model's levels want it held, and the version of the model that scored it."""
 
     step: int
     probability: float
     level: Level  # a level's name is parsed here, where a reading enters the guard
-    source: str  # "embedded" or "service"
+    source: str  # "embedded", "service" or "fallback" (the service failed)
     hold_steps: int = 0
+    model_version: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", Level.parse(self.level))
@@ -152,6 +171,15 @@ class EmbeddedRisk:
         self.hold_steps = int(getattr(model, "hold_steps", 0))
         self._lock = threading.Lock()  # the service worker may score here too
         self._latest: RiskReading | None = None
+        self._version: tuple[Any, str | None] = (None, None)  # (model, its version)
+
+    @property
+    def version(self) -> str | None:
+        """:func:`model_version` of the model, kept while the model is the same object
+        (a fingerprint hashes every tree)."""
+        if self._version[0] is not self.model:
+            self._version = (self.model, model_version(self.model))
+        return self._version[1]
 
     def score(self, step: int, frame: Any, context: dict[str, float] | None) -> RiskReading:
         from collapse_guard.features.ring import SignalWindow, window_risk
@@ -162,7 +190,7 @@ class EmbeddedRisk:
             else:
                 p = self.model.predict_window(frame, context=context)
             level = self.model.level(p)
-            return RiskReading(step, p, level, self.source, self.hold_steps)
+            return RiskReading(step, p, level, self.source, self.hold_steps, self.version)
 
     def submit(self, step: int, frame: Any, context: dict[str, float] | None) -> None:
         self._latest = self.score(step, frame, context)
@@ -176,17 +204,22 @@ class EmbeddedRisk:
 
 
 class ServiceSource:
-    """The risk service through a :class:`RiskClient`, asked from a background thread."""
+    """The risk service through a :class:`RiskClient`, asked from a background thread;
+    ``fallback`` scores when it fails (``named``: the user named that model)."""
 
     source = "service"
 
-    def __init__(self, client: Any, fallback: EmbeddedRisk, run_id: str = "run") -> None:
-        self.client, self.fallback, self.run_id = client, fallback, run_id
+    def __init__(
+        self, client: Any, fallback: EmbeddedRisk, run_id: str = "run", named: bool = False
+    ) -> None:
+        self.client, self.fallback, self.run_id, self.named = client, fallback, run_id, named
         self.schema = fallback.schema
         self.warned = False
         self.disagreements = 0  # answers whose level was not their probability's
         self._note: str | None = None  # a warning for the training thread to give
-        self._levels: dict[Any, dict[str, float] | None] = {}  # model version -> thresholds
+        # model version -> its thresholds from the service's /model (None: not read)
+        self._levels: dict[Any, dict[str, float] | None] = {}
+        self.served: str | None = None  # the version of the service's last good answer
         self.failures = 0
         self._backoff = 0  # windows still to score locally before trying the service again
         self._busy = False  # a request is in flight
@@ -202,13 +235,42 @@ class ServiceSource:
         if not self.warned:
             self.warned = True
             warnings.warn(
-                f"collapse-guard: the risk service failed ({why}); scoring with the embedded "
-                "model and training on. The service is retried with back-off; this warning "
-                "is given once.",
+                f"collapse-guard: the risk service failed ({why}); scoring with "
+                f"{self._instead()} and training on. The service is retried with back-off; "
+                "this warning is given once.",
                 RuntimeWarning,
                 stacklevel=3,
             )
         log.info("risk service failed: %s", why)
+
+    def _instead(self) -> str:
+        """The model the fallback scores with, against the one the service was serving."""
+        used, served = self.fallback.version, self.served
+        which = "the model named with the guard" if self.named else "the bundled model"
+        if served is not None and served == used:
+            return f"{which}, version {used!r}, the model the service was serving"
+        if served is None:
+            text = f"{which}, version {used!r} (the service never answered, so its model is unknown"
+            return text + (")" if self.named else f"{_NAME_IT})")
+        return (
+            f"{which}, version {used!r}, NOT the served model {served!r}: "
+            f"{self._levels_against(served)}{_NAME_IT}"
+        )
+
+    def _levels_against(self, served: str) -> str:
+        ours = _thresholds(getattr(self.fallback.model, "thresholds", None))
+        theirs = self._levels.get(served)
+        if ours is None or theirs is None:
+            return "its levels may differ (the served model's were not read from /model)"
+        if ours == theirs:
+            return "another model with the same levels"
+        return (
+            f"its levels differ (warn at p >= {ours['warn']:.3g}, the served model's at "
+            f"{theirs['warn']:.3g})"
+        )
+
+    def _score_here(self, step: int, frame: Any, context: dict[str, float] | None) -> RiskReading:
+        return replace(self.fallback.score(step, frame, context), source="fallback")
 
     def submit(self, step: int, frame: Any, context: dict[str, float] | None) -> None:
         if self._backoff > 0 or self._busy:
@@ -216,7 +278,7 @@ class ServiceSource:
                 self._warn("still busy with the previous window: too slow")
             else:
                 self._backoff -= 1
-            self._answers.put(self.fallback.score(step, frame, context))
+            self._answers.put(self._score_here(step, frame, context))
             return
         self._busy = True
         self._requests.put((step, frame, context))
@@ -236,7 +298,7 @@ class ServiceSource:
             else:  # (error text, step, frame, context) from the worker
                 why, step, frame, context = item
                 self._warn(why)
-                newest = self.fallback.score(step, frame, context)
+                newest = self._score_here(step, frame, context)
 
     def _work(self) -> None:
         while True:
@@ -247,13 +309,11 @@ class ServiceSource:
             try:
                 result = self.client.risk(frame, run_id=self.run_id, context=context)
                 p, level, hold = read_answer(result)
-                level = self._checked_level(
-                    p,
-                    level,
-                    getattr(result, "model_version", None),
-                    getattr(result, "reason", None),
-                )
-                answer: Any = RiskReading(step, p, level, self.source, hold)
+                version = getattr(result, "model_version", None)
+                version = version if isinstance(version, str) else None
+                level = self._checked_level(p, level, version, getattr(result, "reason", None))
+                answer: Any = RiskReading(step, p, level, self.source, hold, version)
+                self.served = version
             except Exception as error:  # any failure of the service falls back
                 answer = (f"{type(error).__name__}: {error}", step, frame, context)
             self._busy = False
@@ -261,18 +321,19 @@ class ServiceSource:
 
     def _thresholds_of(self, version: Any) -> dict[str, float] | None:
         """The answering model's thresholds: the service's /model when it serves that
-        version, else the embedded model's (None: neither is known)."""
+        version, else the fallback model's (None: neither is known)."""
         if version not in self._levels:
             found = None
             try:
                 info = self.client.model_info()
                 if getattr(info, "version", None) == version:
                     found = _thresholds(getattr(info, "thresholds", None))
-            except Exception:  # no /model (a stand-in, an older service): the embedded levels
+            except Exception:  # no /model (a stand-in, an older service): the fallback's levels
                 found = None
-            embedded = _thresholds(getattr(self.fallback.model, "thresholds", None))
-            self._levels[version] = found or embedded
-        return self._levels[version]
+            self._levels[version] = found
+        return self._levels[version] or _thresholds(
+            getattr(self.fallback.model, "thresholds", None)
+        )
 
     def _checked_level(self, p: float, level: Level, version: Any, reason: Any = None) -> Level:
         from collapse_guard.predictor.core.levels import level_of  # numpy only

@@ -27,6 +27,7 @@ from collapse_guard.guard.record import open_run_writer
 from collapse_guard.guard.risk_source import ReadingHold
 from collapse_guard.guard.risk_spec import RiskSpec, open_risk
 from collapse_guard.guard.state import Training, Trajectory
+from collapse_guard.guard.trackers import Trackers, TrackerSpec
 from collapse_guard.probe import Probe, ProbeConfig
 
 __all__ = ["GuardSetup", "build_setup"]
@@ -54,6 +55,7 @@ class GuardSetup:
     writer: Any  # the run file's, None without one
     warmup: WarmupCheck | None
     attention_every: int  # the probe's own attention period (below watch)
+    trackers: Trackers  # where the guard's numbers go (trackers.py)
     index: dict[str, int] = field(init=False)  # name -> position in ``params``
 
     def __post_init__(self) -> None:
@@ -76,6 +78,7 @@ def build_setup(
     preflight: bool,
     qk_layouts: QKMapping,
     sync: str,
+    trackers: TrackerSpec = None,
 ) -> tuple[GuardSetup, Trajectory]:
     """A guard's setup and its first trajectory (``Guard``'s arguments)."""
     p = policy
@@ -103,5 +106,6 @@ def build_setup(
         p, Training(model, optimizer, scaler), probe, names, params, history, ring, folder,
         rank, qk, OnceWarnings(rank), strategy, run_id, source, ReadingHold(), writer,
         WarmupCheck() if preflight else None, probe_config.attention_every,
+        Trackers(trackers, p.risk_every),
     )  # fmt: skip
     return setup, Trajectory.fresh(p, window, context)

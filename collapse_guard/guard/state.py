@@ -26,7 +26,9 @@ from collapse_guard.signals import SIGNAL_NAMES
 __all__ = ["STATE_VERSION", "InState", "RunState", "Training", "Trajectory", "kept"]
 
 STATE_VERSION = 2  # layout of Guard.state_dict(); bump when a key changes meaning (2: the
-# rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added)
+# rescue LR factor became a cap, `lr_ceiling`; `run_id`, `loop_lrs`, data-fault mode added).
+# A key added since is optional (``kept(optional=True)``): a checkpoint without it loads
+# with the default, so no bump (QK-clip's; the lifting cap's, issue 32)
 
 
 def _same(_old: Any, value: Any) -> Any:
@@ -66,8 +68,17 @@ class RunState:
     )
     probability: float = field(default=math.nan, metadata=kept())
     lr_multiplier: float = field(default=1.0, metadata=kept())  # of the level
-    # cap on the LR in force (group 0), set by rescues
+    # cap on the LR in force (group 0), set by rescues, lifted and lowered after them
+    # (rescue.lift_cap); the four fields below are absent in checkpoints before issue 32
     lr_ceiling: float = field(default=math.inf, metadata=kept())
+    lr_floor: float = field(default=math.inf, metadata=kept(optional=True))  # the last
+    # rescue's cap: a fall goes no lower
+    lr_edge: float = field(default=math.inf, metadata=kept(optional=True))  # the LR in
+    # force when the run last fell back (a fall, a second rescue): rises stop below it
+    lift_quiet: int = field(default=0, metadata=kept(optional=True))  # healthy steps in
+    # a row towards the cap's next rise
+    lift_troubled: bool = field(default=False, metadata=kept(optional=True))  # the last
+    # step was a warn or a loss precursor: one fall an episode
     data_fault: bool = field(default=False, metadata=kept())  # data-fault mode (decision.py)
     # non-outlier steps in a row in data-fault mode
     clean_steps: int = field(default=0, metadata=kept())
@@ -106,7 +117,10 @@ class RunState:
     quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
     last_checkpoint: int = -(10**9)  # step of the last one; none yet: the first healthy
     # step writes one
-    risk_source: str = ""  # where the last risk reading came from
+    # where the last risk reading came from ("embedded", "service", "fallback"), and the
+    # version of the model that scored it (RiskReading)
+    risk_source: str = ""
+    risk_model_version: str | None = None
     # (window's last step, P(collapse) held over the model's hold_steps)
     risk_readings: list[tuple[int, float]] = field(default_factory=list)
     continues: dict[str, Any] | None = None  # the run file a resume continues
@@ -118,7 +132,7 @@ class RunState:
     def hear(self, reading: Any) -> None:
         """A (held) risk reading arrived: its level and probability are in force."""
         self.level, self.probability = reading.level, reading.probability
-        self.risk_source = reading.source
+        self.risk_source, self.risk_model_version = reading.source, reading.model_version
         self.risk_readings.append((reading.step, reading.probability))
         if self.first_warning is None and reading.level >= WARN:
             self.first_warning = self.step_index
@@ -147,6 +161,7 @@ class RunState:
             "first_warning": self.first_warning,
             "lr_ceiling": self.lr_ceiling,
             "risk_source": self.risk_source,
+            "risk_model_version": self.risk_model_version,
             "qk_clips": self.qk_clips,
         }
 

@@ -141,7 +141,8 @@ class GuardCallback(TrainerCallback):
         self._restore = (args, args.max_grad_norm)
         args.max_grad_norm = 0.0  # the guard clips, after it has measured the raw norm
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds it
-        self.guard = Guard(model, inner, self.checkpoint_dir, policy=config, **kwargs)
+        # the callback logs at the framework's cadence (its own trackers): the guard does not
+        self.guard = Guard(model, inner, self.checkpoint_dir, policy=config, trackers=[], **kwargs)
         self._tap = LossTap(model, scaler)
         self._step = OwnedStep(optimizer, self.guard, self._tap.take)
 

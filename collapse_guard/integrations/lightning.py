@@ -126,7 +126,10 @@ class GuardCallback(Callback):
         config = policy_with_clip(callback_policy(kwargs), bound, "gradient_clip_val")
         trainer.gradient_clip_val = None  # the guard clips, after it measured the raw norm
         optimizer = trainer.optimizers[0]
-        self.guard = Guard(pl_module, optimizer, self.checkpoint_dir, policy=config, **kwargs)
+        # the callback logs at the framework's cadence (its own trackers): the guard does not
+        self.guard = Guard(
+            pl_module, optimizer, self.checkpoint_dir, policy=config, trackers=[], **kwargs
+        )
         self._step = OwnedStep(optimizer, self.guard, self._take_loss)
         self.trackers.every = max(1, trainer.log_every_n_steps)  # the loggers' cadence
 

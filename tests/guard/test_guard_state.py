@@ -108,7 +108,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed when the block ends: nothing listens there
 
 
-def test_a_service_that_is_down_falls_back_to_the_embedded_model(tmp_path, risk_model):
+def test_a_service_that_is_down_falls_back_to_the_bundled_model(tmp_path, risk_model):
     from collapse_guard.service.client import RiskClient
 
     client = RiskClient(f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
@@ -125,7 +125,7 @@ def test_a_service_that_is_down_falls_back_to_the_embedded_model(tmp_path, risk_
     failed = [w for w in caught if "risk service failed" in str(w.message)]
     assert len(failed) == 1  # warned once, though every request failed
     assert guard.step_index == 60  # training went on
-    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+    assert guard.risk_source == "fallback" and guard.risk.failures >= 1
 
 
 class _GarbageClient:
@@ -159,7 +159,7 @@ def test_a_garbage_answer_falls_back_too(tmp_path, risk_model):
             if reading is not None:
                 break
             time.sleep(0.01)
-    assert reading.source == "embedded" and 0.0 <= reading.probability <= 1.0
+    assert reading.source == "fallback" and 0.0 <= reading.probability <= 1.0
     source.close()
 
 

@@ -135,7 +135,7 @@ def test_a_garbage_200_answer_falls_back_with_one_warning_and_training_goes_on(
     assert guard.step_index == 20 and server.requests >= 1
     failed = [m for m in said if "risk service failed" in m]
     assert len(failed) == 1, said
-    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+    assert guard.risk_source == "fallback" and guard.risk.failures >= 1
     assert len(read_run(guard.run_path)[0]) == 20  # the run file is written
 
 
@@ -299,11 +299,20 @@ def _service_guarded(tmp_path, risk_model, risk, steps: int = 20):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(steps):
+            _answered(guard.risk)
             decisions.append(guard.step(loop.loss(model)))
             opt.zero_grad()
         guard.close()
     said = [str(w.message) for w in caught if "collapse-guard:" in str(w.message)]
     return decisions, guard, said
+
+
+def _answered(source, limit: float = 20.0) -> None:
+    """Wait while a request is in flight: on a loaded machine the tiny loop's next window
+    came before the answer, and "still busy" (not the answer's fault) was what failed."""
+    deadline = time.monotonic() + limit
+    while getattr(source, "_busy", False) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 @pytest.mark.parametrize(
@@ -330,7 +339,7 @@ def test_an_answer_a_lax_reader_would_coerce_is_refused_and_never_acted_on(
         server.close()
     assert server.requests >= 1 and guard.step_index == 20
     assert [d.level for d in decisions] == ["ok"] * 20  # the embedded model's, never critical
-    assert guard.risk_source == "embedded" and guard.risk.failures >= 1
+    assert guard.risk_source == "fallback" and guard.risk.failures >= 1
     failed = [m for m in said if "risk service failed" in m]
     assert len(failed) == 1 and "InvalidAnswer" in failed[0], said
 
@@ -357,7 +366,7 @@ def test_a_50_MB_or_trickling_answer_ends_within_the_timeout_and_training_goes_o
         server.close()
     assert guard.step_index == 20 and server.arrivals
     assert [d.level for d in decisions] == ["ok"] * 20
-    assert guard.risk_source == "embedded"
+    assert guard.risk_source == "fallback"
     assert len([m for m in said if "risk service failed" in m]) == 1, said
     assert len(read_run(guard.run_path)[0]) == 20
 
@@ -376,8 +385,7 @@ def test_thresholds_from_the_service_are_numbers_in_0_1_rising_or_none():
     for bad in (
         {"watch": "0.1"},  # a string is no number
         {"watch": True},
-        {"critical": 1.5},  # at or over 1: the level could never fire
-        {"critical": 1.0},
+        {"critical": 1.5},  # over 1: the level could never fire
         {"watch": 0.0},
         {"watch": float("nan")},
         {"warn": 0.05},  # not rising

@@ -163,3 +163,13 @@ def test_an_active_mlflow_run_gets_the_numbers_with_steps_and_none_is_started(
     assert risk == [(20, pytest.approx(readings[0][1])), (30, pytest.approx(readings[1][1]))]
     logged = client.get_run(run_id).data.metrics
     assert logged["guard/level"] == guard.run.level.rank and logged["guard/lr_scale"] > 0
+
+
+def test_the_guards_own_trackers_send_at_its_risk_cadence_what_a_loop_would(tmp_path):
+    got_by_hand, got_by_guard = [], []
+    by_hand = tiny_guard(tmp_path / "a", trackers=[])
+    guarded_run(by_hand, Trackers(lambda m, s: got_by_hand.append((s, m))), steps=30)
+    by_guard = tiny_guard(tmp_path / "b", trackers=lambda m, s: got_by_guard.append((s, m)))
+    guarded_run(by_guard, Trackers([]), steps=30)  # the guard logs: nothing by hand
+    assert [s for s, _ in got_by_guard] == [10, 20, 30]
+    assert got_by_guard == got_by_hand  # the same numbers at the same steps
