@@ -15,6 +15,13 @@ attention, ...); a model family is the ``model_family`` column (``groups.setup_o
 Per set-up (:func:`setup_lead_table`, e.g. per optimizer), each set-up's collapses are
 read against that set-up's own healthy runs: a signal group that departs before AdamW
 collapses says nothing if it departs as often on healthy AdamW runs.
+
+Inside LR rises (issue 34): each departure says whether it came at a step in an LR rise
+(``features.rises``: the LR rose within the last H steps), and :func:`group_lead_table`
+the share of warned runs whose departure did; on the healthy-control rows that is where a
+signal group's false departures live. :func:`signal_group_ablation` is the model's side:
+a leave-one-group-out with every signal, then without each signal group, each read inside
+LR rises and outside.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.features import DEFAULT_WINDOW
+from collapse_guard.features.rises import frame_in_lr_rise
 from collapse_guard.predictor.evaluate.events import MIN_LEAD
 from collapse_guard.predictor.evaluate.groups import (
     SETUP_GROUPINGS,
@@ -48,6 +56,7 @@ __all__ = [
     "group_lead_table",
     "group_leads",
     "setup_lead_table",
+    "signal_group_ablation",
     "signal_groups",
 ]
 
@@ -109,6 +118,13 @@ def _first_departure(onset: int, steps: np.ndarray, z: np.ndarray, k: float) -> 
     return float(onset - steps[np.argmax(over)]) if over.any() else math.nan
 
 
+def _departed_in_rise(steps: np.ndarray, rise: np.ndarray | None, step: float) -> bool | None:
+    """Whether the logged ``step`` lies in an LR rise; None without an LR or a departure."""
+    if rise is None or math.isnan(step):
+        return None
+    return bool(rise[np.searchsorted(steps, step)])
+
+
 def group_leads(
     runs: Iterable,
     *,
@@ -148,12 +164,13 @@ def group_leads(
     control``, the run's groupings ``onset`` (None for a control), ``model_family``,
     ``optimizer`` and ``data`` (``groups.run_groups``), then ``signal_group, n_signals``
     (signals of the group with a healthy range; 0 means the group was not measured),
-    ``lead`` (steps; NaN when nothing departed) and
-    ``first_signal`` (the signal that departed first).
+    ``lead`` (steps; NaN when nothing departed), ``first_signal`` (the signal that
+    departed first) and ``in_rise`` (whether that departure came in an LR rise of H
+    steps; None when nothing departed or the run records no LR).
     """
     group_of = dict(signal_group_of) if signal_group_of is not None else signal_groups()
     order = list(dict.fromkeys(group_of.values()))
-    measured = []  # (meta, onset, control, {signal: (steps, z)})
+    measured = []  # (meta, onset, control, {signal: (steps, z)}, steps, in LR rise)
     for run in runs:
         meta, frame = run.meta, run.frame.sort_values("step")
         steps = frame["step"].to_numpy()
@@ -170,12 +187,14 @@ def group_leads(
                     found[name] = dep
         if control and not found:
             continue  # too short for any healthy range: no control
-        measured.append((meta, onset, control, found))
+        measured.append((meta, onset, control, found, steps, frame_in_lr_rise(frame, horizon)))
 
     multiples = {}
     for name in group_of:
         peaks = [
-            found[name][1].max(initial=0.0) for _, _, c, found in measured if c and name in found
+            found[name][1].max(initial=0.0)
+            for _, _, c, found, *_ in measured
+            if c and name in found
         ]
         k = n_std
         if control_rate is not None and len(peaks) >= MIN_CONTROLS:
@@ -183,7 +202,7 @@ def group_leads(
         multiples[name] = k
 
     rows = []
-    for meta, onset, control, found in measured:
+    for meta, onset, control, found, steps, rise in measured:
         if control and not controls:
             continue
         if control:
@@ -213,6 +232,7 @@ def group_leads(
                     "n_signals": len(leads),
                     "lead": lead,
                     "first_signal": first,
+                    "in_rise": _departed_in_rise(steps, rise, onset - lead),
                 }
             )
     columns = [
@@ -220,7 +240,7 @@ def group_leads(
         *_GROUP_COLUMNS.values(),
         "signal_group",
     ]
-    out = pd.DataFrame(rows, columns=[*columns, "n_signals", "lead", "first_signal"])
+    out = pd.DataFrame(rows, columns=[*columns, "n_signals", "lead", "first_signal", "in_rise"])
     out.attrs["n_std"] = multiples
     return out
 
@@ -232,14 +252,17 @@ def group_lead_table(
 
     Columns: ``n`` (runs of the kind where the group was measured), ``warned`` (of
     those, runs where it departed at least ``min_lead`` steps before onset), ``share``
-    (warned / n), ``median_lead`` (over the warned runs) and ``top_signal`` (the signal
-    that most often departed first among them). The healthy control rows come last.
+    (warned / n), ``median_lead`` (over the warned runs), ``top_signal`` (the signal
+    that most often departed first among them) and ``in_rise`` (the share of the warned
+    runs that record an LR whose departure came in an LR rise; NaN: none records one).
+    The healthy control rows come last.
     """
     out = []
     for (kind, signal_group), group in leads.groupby([by, "signal_group"], sort=False):
         measured = group[group["n_signals"] > 0]
         warned = measured[measured["lead"] >= min_lead]
         top = Counter(warned["first_signal"]).most_common(1)
+        rise = warned["in_rise"].dropna().astype(bool)
         out.append(
             {
                 by: kind,
@@ -249,11 +272,11 @@ def group_lead_table(
                 "share": len(warned) / len(measured) if len(measured) else math.nan,
                 "median_lead": float(warned["lead"].median()) if len(warned) else math.nan,
                 "top_signal": top[0][0] if top else None,
+                "in_rise": float(rise.mean()) if len(rise) else math.nan,
             }
         )
-    table = pd.DataFrame(
-        out, columns=[by, "signal_group", "n", "warned", "share", "median_lead", "top_signal"]
-    )
+    columns = [by, "signal_group", "n", "warned", "share", "median_lead", "top_signal"]
+    table = pd.DataFrame(out, columns=[*columns, "in_rise"])
     group_order = {f: i for i, f in enumerate(dict.fromkeys(leads["signal_group"]))}
     table["_control"] = table[by] == HEALTHY_CONTROL
     table["_group"] = table["signal_group"].map(group_order)
@@ -291,3 +314,63 @@ def setup_lead_table(
     table.insert(0, "runs", rows.groupby(keys)["run_id"].nunique())
     table.columns.name = None
     return table.sort_index()
+
+
+def signal_group_ablation(
+    runs: Iterable,
+    config=None,
+    *,
+    by: str = "family",
+    drop: Iterable[str] | None = None,
+    progress=None,
+    **settings,
+) -> pd.DataFrame:
+    """The model with every signal, then without each signal group of ``drop`` (default:
+    every group the model reads), each trained and tested leave-one-``by``-out
+    (``training.holdout.leave_one_group_out``, no baselines; ``config`` and ``settings``
+    as there).
+
+    One row per variant (``signals``: ``all``, ``without <group>``): ``n_signals``, then the
+    mean over held-out groups of the model at its stored warn level: ``recall``,
+    ``median_lead``, ``fa_per_10k``, and inside LR rises and outside
+    (``evaluate.rises``): ``inside_fa_per_10k``, ``inside_roc_auc``,
+    ``outside_fa_per_10k``, ``outside_roc_auc``.
+    """
+    from collapse_guard.predictor.evaluate import fold_rise_frame
+    from collapse_guard.predictor.training.config import TrainConfig
+    from collapse_guard.predictor.training.holdout import leave_one_group_out
+
+    config = TrainConfig.of(config, **settings)
+    group_of = signal_groups()
+    present = list(dict.fromkeys(group_of[s] for s in config.signals if s in group_of))
+    drop = present if drop is None else list(drop)
+    unknown = sorted(set(drop) - set(present))
+    if unknown:
+        raise ValueError(
+            f"drop names signal groups the model does not read: {unknown}; "
+            f"it reads {present}. Fix: drop some of those"
+        )
+    variants = {"all": config.signals} | {
+        f"without {g}": tuple(s for s in config.signals if group_of.get(s) != g) for g in drop
+    }
+    rates = ("inside_fa_per_10k", "inside_roc_auc", "outside_fa_per_10k", "outside_roc_auc")
+    runs = list(runs)
+    rows = []
+    for name, signals in variants.items():
+        if progress is not None:
+            progress(f"ablation: {name} ({len(signals)} signals)")
+        holdout = leave_one_group_out(
+            runs, config.replace(signals=signals), by=by, baselines=False, progress=progress
+        )
+        frame = holdout.frame()
+        mean = frame[(frame["group"] == "mean") & (frame["scorer"] == "model")].iloc[0]
+        rise = fold_rise_frame(holdout.folds).iloc[-1]
+        rows.append(
+            {
+                "signals": name,
+                "n_signals": len(signals),
+                **{k: mean[k] for k in ("recall", "median_lead", "fa_per_10k")},
+                **{k: rise[k] for k in rates},
+            }
+        )
+    return pd.DataFrame(rows)

@@ -2,7 +2,7 @@
 
     python benchmarks/predictor_eval.py --runs DIR [--runs DIR ...] [--model SOURCE]
         [--leave-one-out family|optimizer|data] [--no-synthetic] [--gain K]
-        [--budget FA] [--separability] [--markdown]
+        [--budget FA] [--separability] [--ablate all|GROUP,GROUP] [--markdown]
 
 Scored: only the runs the model never trained or validated on (their ids are stored in
 the model's meta); its training and validation runs among those given fit the learned
@@ -17,6 +17,9 @@ Printed:
    at a threshold fitted on these test runs for ``--budget`` false alarms per 10k healthy
    steps, for the model and the best baseline (ROC-like; per-source thresholds);
 2. whether the stored levels hold their budgets on each source within a factor of 2;
+   inside LR rises and outside (the LR rose within the last H steps, ``features.rises``),
+   per source: every scorer at its out-of-sample points (the model at each stored level),
+   false alarms per 10k healthy steps and the step ROC-AUC on each side (``rise_rows``);
 3. caught collapses per kind, cause and onset (``sudden`` apart from ``develops``), and
    per model family / optimizer / data where there are several;
 4. the lead per signal group (``group_leads.group_leads``), and a line per kind missed;
@@ -26,12 +29,18 @@ Printed:
    tells pre-collapse rows from healthy ones (``separability``);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
-   each family and the mean beside the baselines (``training.holdout.leave_one_group_out``).
+   each family and the mean beside the baselines (``training.holdout.leave_one_group_out``),
+   and each fold's model inside LR rises and outside (``holdout_rise_rows``);
+7. with ``--ablate``: the model with every signal, then without each signal group named
+   (``all``: every group it reads), each leave-one-out (``--leave-one-out``'s grouping,
+   else family), inside LR rises and outside (``group_leads.signal_group_ablation``).
 
 Targets (issue 8, held-out families, at the stored `warn` level): recall >= 0.8 of the
 collapses that develop, median lead >= 50 steps, <= 1 false alarm per 10k healthy steps;
 over all collapses, recall >= 2x the best baseline's at the same false-alarm rate.
-``--markdown`` prints every table again as Markdown, for benchmarks/README.md.
+Issue 34's inside LR rises: at most 2 false alarms per 10k healthy steps at `warn`, step
+ROC-AUC there at least 0.9. ``--markdown`` prints every table again as Markdown, for
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -46,11 +55,13 @@ __all__ = [
     "budget_rows",
     "gain_rows",
     "group_rows",
+    "holdout_rise_rows",
     "holdout_rows",
     "kind_rows",
     "main",
     "markdown_table",
     "missed_lines",
+    "rise_rows",
     "separability_rows",
     "setup_group_rows",
     "target_rows",
@@ -60,6 +71,7 @@ __all__ = [
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 TARGET_RECALL, TARGET_LEAD, TARGET_FA, TARGET_RATIO = 0.8, 50.0, 1.0, 2.0
+TARGET_RISE_FA, TARGET_RISE_AUC = 2.0, 0.9  # issue 34: inside LR rises, at warn
 
 
 def _ratio(ours: float, theirs: float) -> float:
@@ -116,9 +128,58 @@ def target_rows(report) -> list[dict]:
                 "ROC-like ratio": _ratio(roc.events.recall, roc_recall),
                 "brier": warn.rows.brier,
                 "pr_auc": warn.rows.pr_auc,
+                **_rise_cells(warn.flat()),
             }
         )
     return rows
+
+
+def _rise_cells(row) -> dict:
+    """FA/10k and step ROC-AUC inside LR rises and outside, of one flat report row."""
+    return {
+        "FA/10k in rises": row["inside_fa_per_10k"],
+        "FA/10k outside": row["outside_fa_per_10k"],
+        "AUC in rises": row["inside_roc_auc"],
+        "AUC outside": row["outside_roc_auc"],
+    }
+
+
+def _steps_cells(row) -> dict:
+    """Runs with an LR and healthy steps on each side, of one row with RISE_COLUMNS."""
+    return {
+        "runs with LR": int(row["runs_with_lr"]),
+        "healthy in rises": int(row["inside_healthy_steps"]),
+        "healthy outside": int(row["outside_healthy_steps"]),
+    }
+
+
+def rise_rows(report, source: str = "all") -> list[dict]:
+    """Inside LR rises and outside: one row per scorer at each out-of-sample point (the
+    model at each stored level); none where no run records an LR."""
+    frame = report.rise_frame(source)
+    frame = frame[frame["runs_with_lr"] > 0]
+    return [
+        {
+            "scorer": r["scorer"],
+            "point": r["operating_point"],
+            **_steps_cells(r),
+            **_rise_cells(r),
+        }
+        for _, r in frame.iterrows()
+    ]
+
+
+def holdout_rise_rows(holdout) -> list[dict]:
+    """One row per held-out group (then the mean): its model at the stored warn level
+    inside LR rises and outside; none where no held-out run records an LR."""
+    from collapse_guard.predictor.evaluate import fold_rise_frame
+
+    frame = fold_rise_frame(holdout.folds)
+    frame = frame[frame["runs_with_lr"] > 0]
+    return [
+        {holdout.grouping: r["group"], **_steps_cells(r), **_rise_cells(r)}
+        for _, r in frame.iterrows()
+    ]
 
 
 def budget_rows(report) -> list[dict]:
@@ -366,6 +427,29 @@ def _print_separability(console, records, model, md: list[str]) -> None:
         )
 
 
+def _print_ablation(console, records, args, md: list[str]) -> None:
+    """The model with every signal and without each signal group named by ``--ablate``,
+    leave-one-out, inside LR rises and outside."""
+    from group_leads import signal_group_ablation
+
+    by = args.leave_one_out or "family"
+    runs = records if args.synthetic else [r for r in records if r.meta.source != "synthetic"]
+    table = signal_group_ablation(
+        runs,
+        by=by,
+        drop=None if args.ablate == "all" else args.ablate.split(","),
+        eval_budget_per_10k=args.budget,
+        progress=console.log,
+    )
+    _print_table(
+        console,
+        f"signal-group ablation, leave-one-{by}-out: the model at its stored warn level, "
+        f"mean over held-out {by} values, inside LR rises and outside",
+        table.to_dict("records"),
+        md,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, action="append", required=True, metavar="DIR")
@@ -391,6 +475,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also train without each group and test on it",
     )
     parser.add_argument(
+        "--ablate",
+        default=None,
+        metavar="GROUPS",
+        help="also train leave-one-out without each signal group (comma list, or 'all'), "
+        "read inside LR rises and outside",
+    )
+    parser.add_argument(
         "--no-synthetic",
         dest="synthetic",
         action="store_false",
@@ -408,7 +499,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from collapse_guard.predictor.core.risk import RiskModel
     from collapse_guard.predictor.core.seen_runs import SeenRuns
-    from collapse_guard.predictor.evaluate import COLLAPSE_GROUPINGS, SETUP_GROUPINGS, evaluate_runs
+    from collapse_guard.predictor.evaluate import (
+        COLLAPSE_GROUPINGS,
+        NO_LR,
+        SETUP_GROUPINGS,
+        evaluate_runs,
+    )
     from collapse_guard.predictor.evaluate.baselines import default_baselines
     from collapse_guard.predictor.training.holdout import leave_one_group_out
     from collapse_guard.runfiles.records import find_run_files, load_runs
@@ -449,6 +545,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sources = sorted({r.meta.source for r in runs})
     shown = ["all", *sources] if len(sources) > 1 else ["all"]
+    for source in shown:
+        _print_table(
+            console,
+            f"inside LR rises ({source}; the LR rose within the last {model.horizon} steps) "
+            "and outside: false alarms per 10k healthy steps and step ROC-AUC on each side "
+            f"(targets at warn: <= {TARGET_RISE_FA:g} FA/10k, AUC >= {TARGET_RISE_AUC:g} "
+            f"in rises; {NO_LR} where no rows)",
+            rise_rows(report, source),
+            md,
+        )
     groups = report.groups_frame()
     for source in shown:
         for grouping in (*COLLAPSE_GROUPINGS, *SETUP_GROUPINGS):
@@ -525,6 +631,15 @@ def main(argv: list[str] | None = None) -> int:
             holdout_rows(holdout),
             md,
         )
+        _print_table(
+            console,
+            f"leave-one-{args.leave_one_out}-out inside LR rises and outside: each fold's "
+            f"model at its stored warn level ({NO_LR} where no rows)",
+            holdout_rise_rows(holdout),
+            md,
+        )
+    if args.ablate:
+        _print_ablation(console, records, args, md)
     if args.markdown:
         print("\n" + "\n".join(md))
     return 0

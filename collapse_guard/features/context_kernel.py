@@ -36,6 +36,7 @@ from collapse_guard.features.context_fields import (
     SHORT_SPAN,
     TRACKED,
 )
+from collapse_guard.features.rises import LR_RISE_TOL
 
 __all__ = [
     "N_FIELDS",
@@ -91,8 +92,9 @@ _EARLY_RATIOS = np.array(
 _EARLY = float(EARLY_STEPS)
 
 # A rise is an LR above the previous one by more than this share: schedulers that
-# recompute the LR each step jitter in the last bits without rising.
-_LR_RISE_TOL = 1e-6
+# recompute the LR each step jitter in the last bits without rising (features/rises.py,
+# the evaluation's "inside an LR rise", uses the same share).
+_LR_RISE_TOL = LR_RISE_TOL
 # A rise counts as a re-warm (against the peak before it) once the LR has held or fallen
 # for this many rows in a row: a warm-up that repeats a value once is still warm-up.
 _LR_SETTLE_ROWS = 10.0

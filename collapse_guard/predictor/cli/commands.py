@@ -21,6 +21,7 @@ from collapse_guard.predictor.cli.options import HOLD, SEED, STRIDE, train_confi
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.cli.tables import (
     holdout_groups_table,
+    holdout_rise_table,
     holdout_table,
     print_groups,
     print_report,
@@ -290,6 +291,13 @@ def _leave_one_out(console, records, grouping: str, config, *, synthetic: bool) 
         f"{grouping}'s runs for {config.eval_budget_per_10k:g} false alarms per 10k healthy steps"
     )
     console.print(holdout_table(holdout, roc_like, "budget"))
+    inside = (
+        f"leave-one-{grouping}-out inside LR rises (the LR rose within the last "
+        f"{config.horizon} steps) and outside: model at its stored warn level, false alarms "
+        "per 10k healthy steps and step ROC-AUC on each held-out "
+        f"{grouping}"
+    )
+    console.print(holdout_rise_table(holdout, inside))
     # which collapses a model misses on a set-up it never saw (issue 8)
     for by in ("onset", "cause", *(g for g in SETUP_GROUPINGS if g != grouping)):
         title = f"model at its stored warn level per {by}: recall (caught/collapses)" + (

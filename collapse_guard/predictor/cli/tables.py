@@ -1,15 +1,22 @@
 """Rich tables of an evaluation, as the commands and the bundle print them.
 
 ``print_report``: every scorer at its out-of-sample point, then at a threshold fitted on
-the evaluated runs (ROC-like, secondary), per source, and whether the stored levels hold
-their budgets; ``print_groups``: per collapse kind, cause, onset and set-up;
-``holdout_table``: a leave-one-group-out evaluation. rich is imported when a table is
+the evaluated runs (ROC-like, secondary), then inside LR rises and outside, per source, and
+whether the stored levels hold their budgets; ``print_groups``: per collapse kind, cause,
+onset and set-up; ``holdout_table``: a leave-one-group-out evaluation, and
+``holdout_rise_table`` its model inside LR rises and outside. rich is imported when a table is
 built, so that importing this module stays light.
 """
 
 from __future__ import annotations
 
-__all__ = ["holdout_groups_table", "holdout_table", "print_groups", "print_report"]
+__all__ = [
+    "holdout_groups_table",
+    "holdout_rise_table",
+    "holdout_table",
+    "print_groups",
+    "print_report",
+]
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -75,6 +82,80 @@ def _scorer_table(report, title: str, source: str = "all"):
     return table
 
 
+_RISE_NOTE = (
+    "in = steps whose LR rose within the last {h} steps (features.rises), out = the "
+    "others, over the runs that record an LR; FA = false alarms per 10k healthy steps "
+    "there, AUC = step ROC-AUC over their pre-onset rows"
+)
+
+
+def _rise_cells(row) -> tuple[str, ...]:
+    """FA in, FA out, AUC in, AUC out of one row of a rise frame."""
+    return (
+        _fmt(row["inside_fa_per_10k"]),
+        _fmt(row["outside_fa_per_10k"]),
+        _fmt(row["inside_roc_auc"], 2),
+        _fmt(row["outside_roc_auc"], 2),
+    )
+
+
+def _rise_title(title: str, frame) -> str:
+    """The title with the runs and healthy steps counted on each side."""
+    first = frame.iloc[0]
+    return (
+        f"{title}: {int(first['runs_with_lr'])} of {int(first['n_runs'])} runs record an LR; "
+        f"healthy steps {int(first['inside_healthy_steps'])} in rises, "
+        f"{int(first['outside_healthy_steps'])} out"
+    )
+
+
+def _rise_table(report, title: str, source: str = "all"):
+    """Rich table: each scorer at its out-of-sample points (the model at each stored level)
+    inside LR rises and outside; a line instead where no run records an LR."""
+    from rich import box
+    from rich.table import Table
+
+    from collapse_guard.predictor.evaluate.rises import NO_LR
+    from collapse_guard.predictor.evaluate.scorer import LEVEL_POINT
+
+    frame = report.rise_frame(source)
+    if frame.empty or not frame["runs_with_lr"].any():
+        return f"{title}: {NO_LR} in these runs, so no rows inside LR rises"
+    note = _RISE_NOTE.format(h=report.horizon)
+    table = Table(
+        title=_rise_title(title, frame), caption=note, box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    for column in ("scorer", "point", "FA in", "FA out", "AUC in", "AUC out"):
+        text = column in ("scorer", "point")
+        table.add_column(column, justify="left" if text else "right", no_wrap=text)
+    for _, row in frame.iterrows():
+        point = row["operating_point"].removeprefix(LEVEL_POINT)
+        table.add_row(row["scorer"], point, *_rise_cells(row))
+    return table
+
+
+def holdout_rise_table(holdout, title: str):
+    """Rich table: the model of each fold of a leave-one-group-out at its stored warn
+    level, inside LR rises and outside, one row per held-out group and the mean; a line
+    instead where no run records an LR."""
+    from rich import box
+    from rich.table import Table
+
+    from collapse_guard.predictor.evaluate.rises import NO_LR, fold_rise_frame
+
+    frame = fold_rise_frame(holdout.folds)
+    if frame.empty or not frame["runs_with_lr"].any():
+        return f"{title}: {NO_LR} in the held-out runs, so no rows inside LR rises"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column(holdout.grouping, no_wrap=True)
+    for column in ("runs", "steps in", "steps out", "FA in", "FA out", "AUC in", "AUC out"):
+        table.add_column(column, justify="right")
+    for _, row in frame.iterrows():
+        counts = (row["runs_with_lr"], row["inside_healthy_steps"], row["outside_healthy_steps"])
+        table.add_row(str(row["group"]), *(str(int(c)) for c in counts), *_rise_cells(row))
+    return table
+
+
 def _budget_table(report, title: str):
     """Rich table: do the stored levels hold their false-alarm budgets, per source?"""
     from rich import box
@@ -102,9 +183,11 @@ def print_report(console, report, heading: str) -> None:
     sources = sorted(set(report.to_frame()["source"]) - {"all"})
     budget = f"test* at {report.budget_per_10k:g} FA/10k"
     console.print(_scorer_table(report, f"{heading}: all sources ({budget})"))
+    console.print(_rise_table(report, f"{heading}, inside LR rises: all sources"))
     if len(sources) > 1:
         for source in sources:
             console.print(_scorer_table(report, f"{heading}: {source}", source=source))
+            console.print(_rise_table(report, f"{heading}, inside LR rises: {source}", source))
     if report.budget_checks:
         factor = "stored levels within 2x of their budgets?"
         console.print(_budget_table(report, f"{heading}: {factor}"))

@@ -14,6 +14,7 @@ horizon (docs/design.md, "Predictor"):
 
 Row-level metrics over every step before onset (:func:`row_metrics`): average precision,
 ROC-AUC and, for scorers that give probabilities, the Brier score (scikit-learn's).
+The same figures inside LR rises and outside: :mod:`~collapse_guard.predictor.evaluate.rises`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ __all__ = [
     "RunOutcome",
     "ScoredRun",
     "event_metrics",
+    "fa_per_10k",
+    "false_alarm_starts",
+    "healthy_rows",
     "healthy_sequences",
+    "ranking_auc",
     "row_metrics",
     "run_outcome",
     "threshold_at_budget",
@@ -48,7 +53,8 @@ class ScoredRun:
 
     ``groups`` holds the run's labels for breakdowns: ``kind`` and ``cause`` of its
     collapse (``kinds``), its ``onset`` (sudden / develops), and the model ``family``,
-    ``optimizer`` and ``data`` it was trained with (``holdout``).
+    ``optimizer`` and ``data`` it was trained with (``holdout``). ``in_rise``: per row,
+    whether the step lies in an LR rise (``features.rises``); None: no LR recorded.
     """
 
     run_id: str
@@ -57,6 +63,7 @@ class ScoredRun:
     scores: np.ndarray
     onset_step: int | None
     groups: dict[str, str | None] = field(default_factory=dict)
+    in_rise: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def collapsed(self) -> bool:
@@ -71,6 +78,7 @@ class ScoredRun:
             np.asarray(scores, float),
             self.onset_step,
             self.groups,
+            self.in_rise,
         )
 
 
@@ -99,7 +107,7 @@ class EventResult:
     @property
     def fa_per_10k(self) -> float:
         """False alarms per 10,000 healthy steps."""
-        return 1e4 * self.false_alarms / self.healthy_steps if self.healthy_steps else math.nan
+        return fa_per_10k(self.false_alarms, self.healthy_steps)
 
     def summary(self) -> dict[str, float | int]:
         """The scalar figures, for tables."""
@@ -113,6 +121,25 @@ class EventResult:
             "healthy_steps": self.healthy_steps,
             "fa_per_10k": self.fa_per_10k,
         }
+
+
+def fa_per_10k(false_alarms: int, healthy_steps: int) -> float:
+    """False alarms per 10,000 healthy steps; NaN without healthy steps."""
+    return 1e4 * false_alarms / healthy_steps if healthy_steps else math.nan
+
+
+def healthy_rows(run: ScoredRun, horizon: int = HORIZON) -> np.ndarray:
+    """Per row, whether it is a healthy step: all of a healthy run, a collapsing run's
+    before onset - H."""
+    if run.onset_step is None:
+        return np.ones(run.steps.size, dtype=bool)
+    return run.steps < run.onset_step - horizon
+
+
+def false_alarm_starts(run: ScoredRun, threshold: float, horizon: int = HORIZON) -> np.ndarray:
+    """Row indices where a false alarm starts: an alarm episode starting on a healthy row."""
+    starts = alarm_starts(run.scores, threshold)
+    return starts[healthy_rows(run, horizon)[starts]]
 
 
 def healthy_sequences(runs: Sequence[ScoredRun], horizon: int = HORIZON) -> list[np.ndarray]:
@@ -148,17 +175,14 @@ def run_outcome(
     run: ScoredRun, threshold: float, horizon: int = HORIZON, min_lead: int = MIN_LEAD
 ) -> RunOutcome:
     """Lead time (if caught), false alarms and healthy steps of one run at ``threshold``."""
-    steps, scores = run.steps, run.scores
-    if run.onset_step is not None:  # what comes after onset is neither caught nor false
-        keep = steps < run.onset_step
-        steps, scores = steps[keep], scores[keep]
-    starts = steps[alarm_starts(scores, threshold)]
+    false_alarms = int(false_alarm_starts(run, threshold, horizon).size)
+    healthy_steps = int(healthy_rows(run, horizon).sum())
     if run.onset_step is None:
-        return RunOutcome(None, int(starts.size), int(steps.size))
-    early = run.onset_step - horizon
-    false_alarms = int(np.sum(starts < early))
-    healthy_steps = int(np.sum(steps < early))
-    in_window = (steps >= early) & (np.nan_to_num(scores, nan=-np.inf) >= threshold)
+        return RunOutcome(None, false_alarms, healthy_steps)
+    steps, early = run.steps, run.onset_step - horizon
+    # what comes at and after onset is neither caught nor false
+    in_window = (steps >= early) & (steps < run.onset_step)
+    in_window &= np.nan_to_num(run.scores, nan=-np.inf) >= threshold
     if in_window.any():
         first = int(steps[np.argmax(in_window)])
         if first <= run.onset_step - min_lead:
@@ -206,6 +230,15 @@ def _finite_scores(scores: np.ndarray) -> np.ndarray:
     return np.nan_to_num(scores, nan=lo, posinf=hi, neginf=lo)
 
 
+def ranking_auc(y: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
+    """(average precision, ROC-AUC) of ``scores`` against 0/1 targets ``y``; NaN, NaN
+    unless both classes are there."""
+    if not (y.size and 0 < y.sum() < y.size):
+        return math.nan, math.nan
+    fs = _finite_scores(scores)
+    return float(average_precision_score(y, fs)), float(roc_auc_score(y, fs))
+
+
 def row_metrics(
     runs: Sequence[ScoredRun], *, horizon: int = HORIZON, probabilistic: bool = False
 ) -> RowResult:
@@ -221,11 +254,8 @@ def row_metrics(
         ss.append(np.asarray(run.scores, dtype=np.float64)[usable])
     y = np.concatenate(ys).astype(int) if ys else np.empty(0, int)
     s = np.concatenate(ss) if ss else np.empty(0)
-    pr_auc = roc_auc = brier = math.nan
-    if y.size and 0 < y.sum() < y.size:
-        fs = _finite_scores(s)
-        pr_auc = float(average_precision_score(y, fs))
-        roc_auc = float(roc_auc_score(y, fs))
+    pr_auc, roc_auc = ranking_auc(y, s)
+    brier = math.nan
     if probabilistic and y.size:
         # no opinion yet (NaN, before the first full window) counts as probability 0
         brier = float(brier_score_loss(y, np.clip(np.nan_to_num(s, nan=0.0), 0, 1), pos_label=1))

@@ -22,7 +22,9 @@ point             fitted_on   threshold
 Per-source rows use per-source thresholds for ``budget``; stored points are the same
 everywhere (a user has one model). :attr:`EvalReport.budget_checks` says, per source and
 level, whether the stored levels hold their false-alarm budgets on these runs within a
-factor of 2.
+factor of 2. Every row also carries its figures inside LR rises and outside
+(``rises``: :data:`~collapse_guard.predictor.evaluate.rises.RISE_COLUMNS`;
+:meth:`EvalReport.rise_frame`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from collapse_guard.features.rises import frame_in_lr_rise
 from collapse_guard.predictor.core.levels import WARN, allowed_false_alarms, per_10k
 from collapse_guard.predictor.evaluate.events import (
     MIN_LEAD,
@@ -51,6 +54,13 @@ from collapse_guard.predictor.evaluate.groups import (
     GroupResult,
     group_metrics,
     run_groups,
+)
+from collapse_guard.predictor.evaluate.rises import (
+    RISE_COLUMNS,
+    RiseResult,
+    rise_auc,
+    rise_result,
+    rise_summary,
 )
 from collapse_guard.predictor.evaluate.scorer import LEVEL_POINT, ModelScorer, Scorer, level_point
 from collapse_guard.runfiles.label import HORIZON
@@ -87,6 +97,7 @@ _RESULT_COLUMNS = (
     "pr_auc",
     "roc_auc",
     "brier",
+    *RISE_COLUMNS,
 )
 _GROUP_COLUMNS = (
     "scorer",
@@ -111,6 +122,7 @@ class ResultRow:
     threshold: float
     events: EventResult
     rows: RowResult  # threshold-free, the same for every point of a scorer and source
+    rises: RiseResult | None = None  # inside LR rises and outside; None: no LR recorded
 
     def flat(self) -> dict[str, Any]:
         """One table row (keys: the report's frame columns)."""
@@ -120,6 +132,7 @@ class ResultRow:
             "pr_auc": self.rows.pr_auc,
             "roc_auc": self.rows.roc_auc,
             "brier": self.rows.brier,
+            **rise_summary(self.rises),
         }
 
 
@@ -238,6 +251,15 @@ class EvalReport:
         """One row per (scorer, source, operating point)."""
         return pd.DataFrame([r.flat() for r in self.results], columns=list(_RESULT_COLUMNS))
 
+    def rise_frame(self, source: str = "all") -> pd.DataFrame:
+        """Inside LR rises and outside, one row per scorer and out-of-sample point of
+        ``source`` (stored levels, rules, tuned thresholds; not the ROC-like ``budget``):
+        ``scorer``, ``operating_point``, ``fitted_on``, ``n_runs``, then RISE_COLUMNS."""
+        frame = self.to_frame()
+        frame = frame[(frame["source"] == source) & (frame["fitted_on"] != "test")]
+        keys = ["scorer", "operating_point", "fitted_on", "n_runs"]
+        return frame[[*keys, *RISE_COLUMNS]].reset_index(drop=True)
+
     def groups_frame(self) -> pd.DataFrame:
         """One row per (scorer, source, operating point, grouping, group)."""
         return pd.DataFrame([g.flat() for g in self.groups], columns=list(_GROUP_COLUMNS))
@@ -328,8 +350,11 @@ def _finite(prefix: str, row: Mapping[str, Any], keys: Sequence[str]) -> dict[st
     return out
 
 
-def scored_runs(runs: Sequence, scores: Sequence[np.ndarray]) -> list[ScoredRun]:
-    """``RunRecord``s and their per-row scores as ScoredRuns (with every grouping)."""
+def scored_runs(
+    runs: Sequence, scores: Sequence[np.ndarray], horizon: int = HORIZON
+) -> list[ScoredRun]:
+    """``RunRecord``s and their per-row scores as ScoredRuns (with every grouping, and
+    which rows lie in an LR rise of ``horizon`` steps)."""
     return [
         ScoredRun(
             r.run_id,
@@ -338,6 +363,7 @@ def scored_runs(runs: Sequence, scores: Sequence[np.ndarray]) -> list[ScoredRun]
             np.asarray(s, dtype=np.float64),
             r.meta.onset_step,
             run_groups(r.meta),
+            frame_in_lr_rise(r.frame, horizon),
         )
         for r, s in zip(runs, scores, strict=True)
     ]
@@ -383,7 +409,7 @@ def evaluate_runs(
     kwargs = {"horizon": horizon, "min_lead": min_lead}
     sources = ["all", *sorted({r.meta.source for r in runs})]
     for scorer in scorers:
-        scored = scored_runs(runs, [scorer.score_run(r.frame) for r in runs])
+        scored = scored_runs(runs, [scorer.score_run(r.frame) for r in runs], horizon)
         if scorer.name == "model":
             report.model_runs = {s.run_id: s for s in scored}
         alarms = [scorer.alarm_run(r.frame) for r in runs]
@@ -399,14 +425,16 @@ def evaluate_runs(
                 None if native is None else [s for s, k in zip(native, keep, strict=True) if k]
             )
             rows = row_metrics(subset, horizon=horizon, probabilistic=scorer.probabilistic)
+            auc = rise_auc(subset, horizon)
             if source == "all":
                 report.row_scores[scorer.name] = {"y": rows.y, "score": rows.score}
             for point, fitted_on, thr, runs_at in _points(
                 scorer, subset, native_subset, budget_per_10k, horizon
             ):
                 events = event_metrics(runs_at, thr, **kwargs)
+                rises = rise_result(runs_at, thr, horizon=horizon, auc=auc)
                 key = (scorer.name, source, point, fitted_on, thr)
-                report.results.append(ResultRow(*key, events, rows))
+                report.results.append(ResultRow(*key, events, rows, rises))
                 for grouping in groupings:
                     for g in group_metrics(runs_at, thr, by=grouping, **kwargs):
                         report.groups.append(GroupRow(*key, g))
