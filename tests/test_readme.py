@@ -1,5 +1,7 @@
-"""The README's Python examples run as written, and its commands parse as written."""
+"""The README's Python examples run as written, its commands (and its documents') parse as
+written, its links lead somewhere, and the demo prints what it quotes."""
 
+import importlib.util
 import json
 import math
 import os
@@ -12,17 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from documents import DOCUMENTS, ROOT, blocks, section, text
 from typer.core import TyperGroup
 from typer.main import get_command
 from typer.testing import CliRunner
 
 from collapse_guard.cli import app
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
 
 def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    return blocks("python")
 
 
 def test_readme_has_the_probe_and_predictor_examples():
@@ -58,24 +59,18 @@ def test_predictor_example_scores_every_step():
 _OPTIONAL = re.compile(r"\s*\[([^\]]*)\]")
 
 
-def _command_lines(text: str | None = None) -> list[str]:
-    """Every ``collapse-guard ...`` line of the README's (or ``text``'s) bash blocks,
-    comments cut."""
-    blocks = re.findall(r"```bash\n(.*?)```", text or README.read_text(), flags=re.DOTALL)
-    lines = (line.split("  #")[0].strip() for b in blocks for line in b.splitlines())
+def _command_lines(source: str | None = None) -> list[str]:
+    """Every ``collapse-guard ...`` line of the bash blocks of ``source`` (default: the
+    README and every docs/*.md), comments cut."""
+    sources = [source] if source else [text(path) for path in DOCUMENTS]
+    found = (block for one in sources for block in blocks("bash", one))
+    lines = (line.split("  #")[0].strip() for block in found for line in block.splitlines())
     return [line for line in lines if line.startswith("collapse-guard ")]
-
-
-def _section(heading: str) -> str:
-    """The README's text from the ``## heading`` line to the next ``## ``."""
-    text = README.read_text()
-    start = text.index(f"\n## {heading}")
-    return text[start : text.index("\n## ", start + 1)]
 
 
 def _quick_path() -> list[list[str]]:
     """The quick path's commands in order, each as its arguments."""
-    return [shlex.split(line)[1:] for line in _command_lines(_section("Quick path"))]
+    return [shlex.split(line)[1:] for line in _command_lines(section("Quick path"))]
 
 
 def _forms(line: str) -> list[list[str]]:
@@ -189,8 +184,7 @@ _CELL = re.compile(r"[│┃|]")  # rich's box bars (ASCII "|" where the termina
 
 
 def _demo_section() -> str:
-    text = _section("The guard")
-    return text[text.index("`make demo` (`collapse-guard demo`)") :]
+    return section("The demo")
 
 
 def _rows(lines: list[str], split) -> dict[str, list[str]]:
@@ -235,7 +229,7 @@ def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
     lead = lead.strip("(+)")
     assert _quoted(r"passes `warn` at step (\d+)", section) == warning
     assert _quoted(r"(\d+) steps before the unguarded run collapses", section) == lead
-    assert f"warns of {lead} steps ahead" in README.read_text()  # the top line
+    assert f"warns of {lead} steps ahead" in text()  # the top line
     assert int(lead) >= 50  # issue 8: `warn` at least 50 steps before a collapse that develops
     frame, _ = read_run(next((tmp_path / "guarded").glob("run-*.parquet")))
     events = [(int(s), e) for s, e in zip(frame["step"], frame["event"], strict=True) if e]
@@ -332,3 +326,96 @@ def test_the_readmes_demo_variants_are_what_they_print():
     assert peak < float(_quoted(r"the risk stays under ([\d.]+): no warning", section))
     assert str(onset) == _quoted(r"collapses the unguarded run late, at step (\d+)", section)
     assert _same_as_quoted(final, _quoted(r"at step \d+ \(final loss ([\d.]+)\)", section))
+
+
+# ------------------------------------------------- one pass: its length, its table, its links
+
+_PARTS = [
+    "probe",
+    "run files + label",
+    "data",
+    "predictor + MLflow",
+    "calibrate",
+    "service",
+    "guard",
+    "integrations",
+    "retrain",
+]
+
+
+def test_the_readme_reads_in_one_pass():
+    lines = text().splitlines()
+    assert len(lines) < 350  # the rest lives in docs/*.md
+    # the first screen: what it does, the two commands, then the table of what works
+    first_heading = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    assert lines[first_heading] == "## What works" and first_heading < 15
+    assert [line.split()[:2] for line in lines if line.startswith("make ")] == [
+        ["make", "demo"],
+        ["make", "test"],
+    ]
+
+
+def test_the_table_of_what_works_has_one_row_per_part_each_linked_and_judged():
+    table = [line for line in section("What works").splitlines() if line.startswith("| ")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[1:]]
+    assert [row[0] for row in rows] == _PARTS
+    for part, figure, target, met in rows:
+        assert re.search(r"\d", figure), part  # a figure
+        assert re.search(r"\]\((benchmarks/README\.md#|docs/)", figure), part  # its details
+        assert met.split()[0] in ("yes", "no") or (target, met) == ("none set", "-"), part
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped,
+    spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_link_leads_to_a_file_and_a_heading_that_exist(document):
+    for target in _LINK.findall(text(document)):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (document.parent / path).resolve() if path else document
+        assert linked.exists(), f"{document.name}: {target} (no such file)"
+        if anchor:
+            assert anchor in _anchors(linked), f"{document.name}: {target} (no such heading)"
+
+
+def _readme_timings():
+    spec = importlib.util.spec_from_file_location(
+        "readme_timings", ROOT / "benchmarks" / "readme_timings.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_quoted_time_is_a_range_the_timing_script_reads():
+    """benchmarks/readme_timings.py checks what the README quotes: the demo, each quick-path
+    command, the total; a command without a range would go unchecked."""
+    quoted = _readme_timings().quoted_timings(text())
+    commands = [what for what, _, _ in quoted if what.startswith("collapse-guard ")]
+    assert [shlex.split(c)[1:] for c in commands] == _quick_path()
+    assert [what for what, _, _ in quoted] == ["demo", *commands, "quick path in all"]
+    assert all(0 < low < high for _, low, high in quoted)
+    _, low, high = quoted[-1]  # the total covers the steps' own ranges
+    steps = [q for q in quoted if q[0] in commands]
+    assert low <= sum(s[1] for s in steps) and sum(s[2] for s in steps) <= high
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_name_a_documents_example_imports_exists(document):
+    """The examples that do not run as tests (they need your model or a server) still name
+    what the package has: each ``from collapse_guard... import a, b`` line imports."""
+    examples = blocks("py", text(document)) + blocks("python", text(document))
+    imports = re.findall(r"^from (collapse_guard[\w.]*) import (.+)$", "\n".join(examples), re.M)
+    for module, names in imports:
+        loaded = importlib.import_module(module)
+        for name in names.split("#")[0].split(","):
+            assert hasattr(loaded, name.strip()), f"{document.name}: {module}.{name.strip()}"

@@ -1,14 +1,10 @@
 """The README's guard example runs as written."""
 
-import re
-from pathlib import Path
-
-README = Path(__file__).resolve().parents[2] / "README.md"
+from documents import blocks
 
 
 def test_the_readme_guard_example_runs(tmp_path, monkeypatch, capsys):
-    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    [block] = [b for b in blocks if "Guard(model, optimizer" in b]
+    [block] = [b for b in blocks("py") if "Guard(model, optimizer" in b]
     monkeypatch.chdir(tmp_path)  # its checkpoint_dir is relative
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from documents import blocks
 from typer.testing import CliRunner
 
 from collapse_guard.cli import app
@@ -227,10 +228,8 @@ def test_calibrate_command_writes_a_model_and_says_what_backs_each_level(
 
 
 def test_the_readme_example_runs_as_written(healthy_fresh, tmp_path, monkeypatch):
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    (block,) = re.findall(
-        r"```py\n(from collapse_guard.predictor import RiskModel\nmine.*?)```", readme, re.S
-    )
+    start = "from collapse_guard.predictor import RiskModel\nmine"
+    (block,) = [b for b in blocks("py") if b.startswith(start)]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "healthy").mkdir(parents=True)
     for path in healthy_fresh:

@@ -7,22 +7,14 @@ import json
 
 import numpy as np
 import pytest
+from documents import curl_body, section
 from helpers import TOKEN, window
 
 from collapse_guard.service import RiskClient
 from collapse_guard.service.client.arrow_writer import ARROW_TYPE, encode_runs
 from collapse_guard.service.client.raw_run import RawRun
 
-# the README's own curl example
-README_BODY = {
-    "runs": [
-        {
-            "run_id": "a",
-            "steps": [0, 1, 2],
-            "signals": {"loss": [2.51, None, "NaN"], "grad_norm": [0.9, 0.8, "Infinity"]},
-        }
-    ]
-}
+_, README_BODY = curl_body(section("The risk service"))  # the README's own curl example
 
 
 def risk(app_client, body: dict) -> dict:

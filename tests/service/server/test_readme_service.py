@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+from documents import curl_body, section
 
 
 def _section() -> str:
-    text = README.read_text()
-    return text[text.index("## The risk service") :].split("\n## ", 1)[0]
+    return section("The risk service")
 
 
 def test_curl_example_is_answered(app_client):
-    body = re.search(r"-d '(\{.*?\})'", _section(), flags=re.DOTALL).group(1)
+    body, _ = curl_body(_section())
     answer = app_client.post("/risk", content=body, headers={"Content-Type": "application/json"})
     assert answer.status_code == 200, answer.text
     (result,) = answer.json()["results"]
