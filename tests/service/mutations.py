@@ -58,7 +58,7 @@ def mutate(body: bytes, rng: np.random.Generator) -> bytes:
     for _ in range(int(rng.integers(1, 4))):
         kind = int(rng.integers(0, 5))
         at = int(rng.integers(0, max(len(out), 1)))
-        if kind == 0:  # flip a few bytes
+        if kind == 0 and out:  # flip a few bytes (of a body an earlier cut left any)
             for i in rng.integers(0, len(out), int(rng.integers(1, 9))):
                 out[int(i)] = int(rng.integers(0, 256))
         elif kind == 1:  # cut
