@@ -204,8 +204,20 @@ def _same_as_quoted(value: float, quoted: str) -> bool:
     return round(value, decimals) == float(quoted)
 
 
+def _band(pattern: str, text: str) -> tuple[float, float]:
+    """A range the README quotes (``290-320``) as two numbers."""
+    low, high = _quoted(pattern, text).split("-")
+    return float(low), float(high)
+
+
+def _within(value: float, band: tuple[float, float]) -> bool:
+    return band[0] <= value <= band[1]
+
+
 @pytest.mark.slow  # ~1 min: the demo as `make demo` runs it (its own process: pinned kernels)
-def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
+def test_the_readmes_demo_figures_hold_for_what_the_demo_prints(tmp_path):
+    """The table is one CPU's; what the prose says held on every CPU tried is checked here
+    (the figures move a little between CPUs: docs/guard.md)."""
     from collapse_guard.runfiles import read_run
 
     command = Path(sys.executable).with_name("collapse-guard")
@@ -222,37 +234,36 @@ def test_the_readmes_demo_figures_are_what_the_demo_prints(tmp_path):
     block = re.search(r"```\n(.*?)```", section, flags=re.DOTALL).group(1)
     quoted = _rows(block.splitlines(), lambda line: re.split(r"\s{2,}", line))
     printed = _rows(done.stdout.splitlines(), lambda line: _CELL.split(line)[1:-1])
-    assert set(quoted) == {"unguarded", "guarded"}
-    assert printed == quoted, done.stdout  # final loss, collapse, first warning (lead), actions
-    # the prose: the warning and its lead, then the guarded run's actions from its run file
-    warning, lead = printed["unguarded"][2].split()  # "249", "(+52)"
-    lead = lead.strip("(+)")
-    assert _quoted(r"passes `warn` at step (\d+)", section) == warning
-    assert _quoted(r"(\d+) steps before the unguarded run collapses", section) == lead
-    assert f"warns of {lead} steps ahead" in text()  # the top line
-    assert int(lead) >= 50  # issue 8: `warn` at least 50 steps before a collapse that develops
+    assert set(quoted) == set(printed) == {"unguarded", "guarded"}, done.stdout
+    final, collapse, warned, _ = printed["unguarded"]
+    step, kind = collapse.split()
+    assert kind == "(loss_rise)" and _within(
+        int(step), _band(r"collapses at step ([\d-]+)", section)
+    )
+    assert float(final) > float(_quoted(r"and ends over (\d+) nats", section)), done.stdout
+    warning, lead = warned.split()  # "239", "(+62)"
+    lead_band = _band(r"passes `warn` ([\d-]+) steps before it collapses", section)
+    assert _within(int(lead.strip("(+)")), lead_band), done.stdout
+    assert int(warning) + int(lead.strip("(+)")) == int(step)
+    assert f"warns of {lead_band[0]:.0f}-{lead_band[1]:.0f} steps ahead" in text()  # top line
+    final, onset, _, actions = printed["guarded"]
+    assert onset == "-" and _within(float(final), _band(r"which ends at ([\d.-]+) nats", section))
+    assert "1 rescue" in actions, actions
+    heads = int(re.search(r"(\d+) qk_clip", actions).group(1))
+    assert _within(heads, _band(r"QK-clip at each probe pass, ([\d-]+) heads in all", section))
+    # the rescue, as the guarded run's file records it
     frame, _ = read_run(next((tmp_path / "guarded").glob("run-*.parquet")))
     events = [(int(s), e) for s, e in zip(frame["step"], frame["event"], strict=True) if e]
-    clipped = [(s, e.count("qk_clip:")) for s, e in events if "qk_clip:" in e]
-    assert _quoted(r"clipping from step (\d+) on the attention heads", section) == str(
-        clipped[0][0]
-    )
-    heads = sum(n for _, n in clipped)
-    assert (
-        _quoted(r"(\d+ heads clipped on \d+ steps)", section)
-        == f"{heads} heads clipped on {len(clipped)} steps"
-    )
-    first_cut = next(s for s, e in events if "lr_x0.5" in e)
-    assert _quoted(r"halves the LR at step (\d+)", section) == str(first_cut)
-    ((rescue, actions),) = [(s, e) for s, e in events if "rescue:" in e]
-    assert _quoted(r"\(step (\d+), the loop's LR", section) == str(rescue)
-    lr = frame.loc[frame["step"] == rescue, "lr"].item()
-    assert _same_as_quoted(lr, _quoted(r"the loop's LR ([\d.]+)\)", section))
-    parts = dict(p.split(":", 1) for p in actions.split(";"))
-    assert parts["rollback"].endswith("@" + _quoted(r"the newest of step (\d+)", section))
+    assert sum(e.count("qk_clip:") for _, e in events) == heads
+    assert any("lr_x0.5" in e for _, e in events)  # the LR halved at warn
+    ((rescue, rescued),) = [(s, e) for s, e in events if "rescue:" in e]
+    parts = dict(p.split(":", 1) for p in rescued.split(";"))
+    averaged = _quoted(r"mean of the last (\d+) healthy checkpoints", section)
+    assert re.fullmatch(rf"avg{averaged}@\d+", parts["rollback"]), parts
     assert parts["skip_batches"] == _quoted(r"skips (\d+) batches", section)
-    assert _same_as_quoted(float(parts["lr_ceiling"]), _quoted(r"caps the LR at ([\d.]+)", section))
-    assert _quoted(r"trains on to ([\d.]+)", section) == printed["guarded"][0]
+    # a quarter of the checkpoint's LR, which was under the loop's at the rescue (a re-warm)
+    loop_lr = frame.loc[frame["step"] == rescue, "lr"].item()
+    assert 0 < float(parts["lr_ceiling"]) <= loop_lr / 4
 
 
 def test_the_demo_pins_the_portable_kernels_on_x86_64_unless_the_user_chose():
@@ -317,15 +328,16 @@ def test_the_readmes_demo_variants_are_what_they_print():
     figures = json.loads(done.stdout.splitlines()[-1])
     peak, warning, onset, _ = figures["half"]
     assert onset is None and warning is not None  # healthy, and warned of all the same
-    quoted_peak, quoted_warn = re.search(
-        r"\(([\d.]+) against ([\d.]+)\)", " ".join(section.split())
+    text_ = " ".join(section.split())
+    low, high, quoted_warn = re.search(
+        r"its peak ([\d.]+)-([\d.]+) against ([\d.]+)", text_
     ).groups()
-    assert _same_as_quoted(peak, quoted_peak) and _same_as_quoted(figures["warn"], quoted_warn)
+    assert float(low) <= peak <= float(high) and _same_as_quoted(figures["warn"], quoted_warn)
     peak, warning, onset, final = figures["adamw"]
     assert warning is None  # the forecast misses this AdamW collapse
     assert peak < float(_quoted(r"the risk stays under ([\d.]+): no warning", section))
-    assert str(onset) == _quoted(r"collapses the unguarded run late, at step (\d+)", section)
-    assert _same_as_quoted(final, _quoted(r"at step \d+ \(final loss ([\d.]+)\)", section))
+    assert _within(onset, _band(r"collapses the unguarded run late, at step ([\d-]+)", section))
+    assert final < float(_quoted(r"\(final loss under ([\d.]+)\)", section))
 
 
 # ------------------------------------------------- one pass: its length, its table, its links
