@@ -11,8 +11,11 @@ damaged, foreign, newer     rejected, by name, with the reader's reason
 schema, no steps
 guarded run not closed      rejected: the guard writes its summary at ``close()``; until
                             then the file may still grow
-guarded run                 labelled on its steps before the guard's first intervention,
-                            later rows censored (``runfiles.censoring``)
+guarded run                 a rescue is a caught collapse: the rows up to it kept,
+                            labelled collapsing; otherwise labelled on its steps before
+                            the guard's first intervention (skips of one outlier batch,
+                            QK-clips and checkpoints are none), later rows censored
+                            (``runfiles.censoring``)
 unlabelled run              labelled (``runfiles.label``)
 run id already in the       skipped as already ingested when it came from the same bytes
 dataset                     (a rerun after a crash); rejected when the bytes differ
@@ -22,6 +25,8 @@ An accepted run is written to ``<base>/ingested/<run id>.parquet`` (atomically, 
 run-file writer) with ``extra["ingest"]``: where it came from and the SHA-256 of its
 bytes. Nothing is silently dropped: every file found is in the report, as ingested,
 already there, rejected (with the reason) or ignored (not ``*.parquet`` in a folder).
+:func:`discard_ingested` takes back what one ingest wrote (a retrain that failed before
+anything refers to its copies leaves no file behind).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "Ingested",
     "Rejected",
     "dataset_runs",
+    "discard_ingested",
     "find_run_urls",
     "ingest_runs",
 ]
@@ -180,8 +186,9 @@ def _prepare(frame, meta: RunMeta, horizon: int):
         frame, meta, censoring = censor_guarded(frame, meta, horizon=horizon)
         if frame.empty:
             return (
-                f"no step has a known outcome: the guard intervened at step "
-                f"{censoring.first_intervention}, within a horizon of the run's start"
+                f"no step has a known outcome: the guard first changed the run's course at "
+                f"step {censoring.first_intervention} ({censoring.rows_before} rows), within "
+                "a horizon of its start and with no rescue to say how it ended"
             )
         return frame, meta, censoring
     if meta.label_version is None:
@@ -274,3 +281,13 @@ def ingest_runs(
     for name, url in pairs:
         _ingest_one(name, url, target, known, report, horizon)
     return report
+
+
+def discard_ingested(report: IngestReport, base: str | Path) -> None:
+    """Delete the copies ``report`` wrote now (not those of an earlier attempt), and
+    ``<base>/ingested/`` itself when that leaves it empty."""
+    for item in report.ingested:
+        item.path.unlink(missing_ok=True)
+    folder = Path(base) / INGESTED_FOLDER
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()

@@ -87,7 +87,8 @@ def test_memory_url_ingests_valid_runs_and_names_every_invalid_file(tmp_path, me
     assert [i.run_id for i in report.ingested] == [f"synth-s12-{i:06d}" for i in range(4)]
     rejected = {r.name.rsplit("/", 1)[1]: r.reason for r in report.rejected}
     assert sorted(rejected) == ["cut.parquet", "junk.parquet"]
-    assert all("not a readable Parquet run file" in r for r in rejected.values())
+    assert "is not a run file (Parquet written by collapse-guard)" in rejected["junk.parquet"]
+    assert "not a readable Parquet run file" in rejected["cut.parquet"]  # damaged: regenerate
     # the reason names the file the user gave, not the staging copy
     assert "memory://" in rejected["junk.parquet"]
     assert [n.rsplit("/", 1)[1] for n in report.ignored] == ["notes.txt"]
@@ -135,19 +136,25 @@ def test_a_run_id_already_there_with_other_data_is_rejected(tmp_path, new_paths)
 
 def test_guarded_runs_unclosed_rejected_closed_censored(tmp_path):
     source = tmp_path / "guard"
-    averted = intervene(loss_trace(), 900, "rescue:online_collapse")
+    averted = intervene(loss_trace(), 900, "lr_x0.5")
     write_run(source / "averted.parquet", averted, guarded("averted", averted))
+    caught = intervene(loss_trace(collapse_at=1000), 1030, "rescue:online_collapse")
+    write_run(source / "caught.parquet", caught, guarded("caught", caught))
     write_run(source / "open.parquet", averted, guarded("open", averted, closed=False))
     unlabelled = loss_trace(collapse_at=1200)
     write_run(source / "plain.parquet", unlabelled, RunMeta(run_id="plain", source="real"))
     report = ingest_runs([source], tmp_path / "d")
-    assert {i.run_id for i in report.ingested} == {"averted", "plain"}
+    assert {i.run_id for i in report.ingested} == {"averted", "caught", "plain"}
     assert [r.name for r in report.rejected] == [str(source / "open.parquet")]
     assert "guard.close()" in report.rejected[0].reason
     by_id = {i.run_id: i for i in report.ingested}
     assert by_id["averted"].censoring.kept_until == 649
     frame, meta = read_run(by_id["averted"].path)
     assert frame["step"].max() == 649 and meta.onset_step is None
+    # a rescue is a caught collapse: the rows up to it, labelled from the excursion it saw
+    assert by_id["caught"].censoring.rescue == 1030
+    frame, meta = read_run(by_id["caught"].path)
+    assert len(frame) == 1031 and meta.onset_step == 1000
     # an unlabelled run from elsewhere is labelled on ingest
     _, plain = read_run(by_id["plain"].path)
     assert plain.onset_step == 1200 and plain.label_version is not None

@@ -3,7 +3,9 @@
 Heavy imports (mlflow, lightgbm, dask) happen inside the command, so that
 ``collapse-guard --help`` stays fast. Bad input (no run file among ``--runs``, a tracking
 store in a folder that does not exist, too few runs) is a ``UserInputError``: the
-``collapse-guard`` app prints it as one line and exits with code 2.
+``collapse-guard`` app prints it as one line and exits with code 2; a retrain that fails so
+leaves no copy in ``<base>/ingested/``. Every line names the challenger and the champion by
+their registered version (``v2``), as MLflow does.
 """
 
 from __future__ import annotations
@@ -35,33 +37,30 @@ def _use_tracking_uri(uri: str | None) -> None:
     os.environ["MLFLOW_TRACKING_URI"] = uri
 
 
-def _print_ingest(console, report) -> None:
+def _print_skipped(console, report) -> None:
+    # at once, before training: a retrain that fails later (too few runs) still names them
     for item in report.rejected:
         console.print(f"[yellow]skipped[/] {item.name}: {item.reason}", soft_wrap=True)
     if report.ignored:
         console.print(f"ignored {len(report.ignored)} file(s) that are not *.parquet run files")
+
+
+def _print_guarded(console, report) -> None:
     for item in report.ingested:
         censoring = item.censoring
-        if censoring is not None and censoring.censored:
+        if censoring is None:
+            continue
+        if censoring.rescue is not None:
             console.print(
-                f"{item.run_id}: guarded; rows after step {censoring.kept_until} censored "
-                f"(first intervention at step {censoring.first_intervention})"
+                f"{item.run_id}: guarded, rescued at step {censoring.rescue}: a caught "
+                f"collapse, {censoring.rows_kept} rows up to it kept"
             )
-
-
-def _print_rejected(console, runs: list[str], base: Path) -> None:
-    # A retrain that failed after its ingest (too few runs, a bug) still names the files it
-    # skipped: a user who fixes the error would otherwise meet them only at the next
-    # success. Ingest is idempotent, so asking again rejects the same files and writes
-    # nothing; with nothing ingested, the error itself lists them.
-    from collapse_guard.runfiles.ingest import IngestReport, ingest_runs
-
-    try:
-        report = ingest_runs(runs, base)
-    except Exception:  # the failure may be the ingest's own (a folder it cannot write)
-        return
-    if report.run_ids:
-        _print_ingest(console, IngestReport(rejected=report.rejected, ignored=report.ignored))
+        elif censoring.censored:
+            console.print(
+                f"{item.run_id}: guarded; {censoring.rows_kept} of {censoring.rows_before} rows "
+                f"kept, those after step {censoring.kept_until} censored (the guard first "
+                f"changed its course at step {censoring.first_intervention})"
+            )
 
 
 def retrain(
@@ -112,7 +111,8 @@ def retrain(
     ] = True,
 ) -> None:
     """Retrain on new runs: ingest them, train a challenger, compare it with the champion on
-    the frozen benchmark and the new runs neither has seen, promote it only by the rule.
+    runs neither has seen (the new set-up's held-out runs, the frozen benchmark judging
+    ranking only; or the benchmark and the new runs), promote it only by the rule.
 
     Running it again after a crash finishes the job; running it again after it finished
     changes nothing.
@@ -124,22 +124,25 @@ def retrain(
     from collapse_guard.predictor.lifecycle.retrain import retrain as run_retrain
 
     console = Console()
-    try:
-        result = run_retrain(
-            runs,
-            base=base,
-            config=config,
-            experiment=experiment,
-            dask=dask,
-            require_new=True,
-            recalibrate=recalibrate,
-            progress=console.log,
-        )
-    except Exception:
-        _print_rejected(console, runs, base)
-        raise
-    _print_ingest(console, result.ingest)
+    result = run_retrain(
+        runs,
+        base=base,
+        config=config,
+        experiment=experiment,
+        dask=dask,
+        require_new=True,
+        recalibrate=recalibrate,
+        progress=console.log,
+        on_ingest=lambda report: _print_skipped(console, report),
+    )
+    _print_guarded(console, result.ingest)
     compared = f"on {len(result.comparison_run_ids)} runs neither model saw"
+    if "compare.ranking_n_runs" in result.metrics:
+        ranked = int(result.metrics["compare.ranking_n_runs"])
+        compared = (
+            f"on {len(result.comparison_run_ids)} held-out runs of the new set-up, "
+            f"ranking on {ranked} benchmark runs"
+        )
     if result.promoted:
         console.print(f"[green]v{result.version} is now champion[/] ({compared}): {result.reason}")
     else:

@@ -24,7 +24,16 @@ The rule (:func:`decide`), applied to the challenger against the current champio
 3. then it is promoted only with a strictly higher recall, or the same recall with
    strictly fewer false alarms per 10k healthy steps. A tie keeps the champion;
 4. a recall that cannot be measured (no collapsing run among the comparison runs) ranks
-   lowest: such comparison runs cannot promote anyone over a champion that has a recall.
+   lowest: such comparison runs cannot promote anyone over a champion that has a recall;
+5. with ``ranking_runs`` (a retrain whose challenger was calibrated on the user's set-up:
+   the comparison runs are then that set-up's held-out runs, ``setup_runs``), the ranking
+   runs (the frozen benchmark, other set-ups) judge ranking only: levels set on one set-up
+   say nothing of another's false alarms, but a challenger that learned this set-up must not
+   forget how to rank the others. Its ROC-AUC there (every pre-onset row, as the evaluation
+   counts it) may fall at most :data:`RANK_SLACK` below the champion's (:class:`RankScore`).
+
+Names: each model is named by the name the caller gives (the registry's version number),
+never by its folder's ``meta["version"]``, so that every message names one version one way.
 
 :func:`compare` scores both models on the runs that *neither* trained or validated on
 (their ids are stored in each model, ``predictor.core.seen_runs``): a champion graded on its
@@ -44,17 +53,27 @@ from collapse_guard.predictor.core.levels import WARN, allowed_false_alarms
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
 from collapse_guard.predictor.evaluate import MIN_LEAD, ScoredRun, event_metrics
+from collapse_guard.predictor.evaluate.events import row_metrics
 from collapse_guard.runfiles.records import RunRecord
 
 __all__ = [
+    "RANK_SLACK",
     "WARN",  # core.levels': the level promotion is judged at (the one users act on)
     "Decision",
+    "RankScore",
     "WarnScore",
     "compare",
     "decide",
+    "rank_on",
     "score_at_warn",
     "unseen_by",
 ]
+
+
+# ROC-AUC the challenger may lose on the ranking runs (rule 5): about the spread of one
+# model's ROC-AUC between two benchmarks of a dozen runs drawn from one dataset; a larger
+# loss is a model that forgot the other set-ups, not a draw
+RANK_SLACK = 0.05
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,7 @@ class Decision:
     challenger: WarnScore | None = None
     champion: WarnScore | None = None
     run_ids: tuple[str, ...] = ()  # the comparison runs (unseen by both models)
+    ranking: tuple[RankScore, RankScore] | None = None  # (challenger, champion), rule 5
 
     def to_metrics(self) -> dict[str, float]:
         """``compare.challenger.*`` and ``compare.champion.*`` figures (NaN left in)."""
@@ -131,27 +151,51 @@ class Decision:
         for role, score in (("challenger", self.challenger), ("champion", self.champion)):
             if score is not None:
                 out |= {f"compare.{role}.{k}": v for k, v in score.to_metrics().items()}
+        for role, rank in zip(("challenger", "champion"), self.ranking or (), strict=False):
+            out |= {f"compare.{role}.ranking_roc_auc": rank.roc_auc}
+        if self.ranking:
+            out["compare.ranking_n_runs"] = float(self.ranking[0].n_runs)
         return out
 
 
+@dataclass(frozen=True)
+class RankScore:
+    """One model's ranking on the ranking runs (rule 5): ROC-AUC over their pre-onset rows."""
+
+    version: str
+    roc_auc: float  # NaN when the runs hold no collapse or no healthy row
+    n_runs: int
+
+    def describe(self) -> str:
+        return f"v{self.version}: ROC-AUC {self.roc_auc:.3f} on {self.n_runs} ranking runs"
+
+
+def _name(model: RiskModel, name: str | None) -> str:
+    return str(model.meta.get("version", "local")) if name is None else str(name)
+
+
 def score_at_warn(
-    model: RiskModel, runs: Sequence[RunRecord], scored: Mapping[str, ScoredRun] | None = None
+    model: RiskModel,
+    runs: Sequence[RunRecord],
+    scored: Mapping[str, ScoredRun] | None = None,
+    *,
+    name: str | None = None,
 ) -> WarnScore:
     """``model`` on ``runs`` at its own stored warn level, every recorded step scored.
 
     ``scored``: run id -> the model's risk on that run already computed (the training's
-    ``EvalReport.model_runs``); those runs are not scored again."""
+    ``EvalReport.model_runs``); those runs are not scored again. ``name``: how messages
+    name the model (default its ``meta["version"]``)."""
     if WARN not in model.thresholds:
         raise ValueError(
             f"model {model.meta.get('version')!r} has no '{WARN}' level to be judged at "
             f"(thresholds: {model.thresholds}); fix: train it with collapse-guard train"
         )
-    known = scored or {}
-    judged = [known.get(run.run_id) or _scored(model, run) for run in runs]
+    judged = _judged(model, runs, scored)
     threshold = float(model.thresholds[WARN])
     events = event_metrics(judged, threshold, horizon=model.horizon, min_lead=MIN_LEAD)
     return WarnScore(
-        version=str(model.meta.get("version", "local")),
+        version=_name(model, name),
         threshold=threshold,
         budget_steps=float(model.budgets[WARN]),
         n_runs=events.n_runs,
@@ -161,6 +205,25 @@ def score_at_warn(
         healthy_steps=events.healthy_steps,
         median_lead=events.median_lead,
     )
+
+
+def rank_on(
+    model: RiskModel,
+    runs: Sequence[RunRecord],
+    scored: Mapping[str, ScoredRun] | None = None,
+    *,
+    name: str | None = None,
+) -> RankScore:
+    """``model``'s ROC-AUC over the pre-onset rows of ``runs`` (rule 5), every step scored."""
+    rows = row_metrics(_judged(model, runs, scored), horizon=model.horizon)
+    return RankScore(_name(model, name), rows.roc_auc, len(runs))
+
+
+def _judged(
+    model: RiskModel, runs: Sequence[RunRecord], scored: Mapping[str, ScoredRun] | None
+) -> list[ScoredRun]:
+    known = scored or {}
+    return [known.get(run.run_id) or _scored(model, run) for run in runs]
 
 
 def _scored(model: RiskModel, run: RunRecord) -> ScoredRun:
@@ -173,16 +236,38 @@ def _rank(recall: float) -> float:
     return -math.inf if math.isnan(recall) else recall
 
 
-def decide(challenger: WarnScore, champion: WarnScore | None) -> Decision:
-    """The promotion rule of the module docstring, on figures already measured."""
+def _forgets(ranking: tuple[RankScore, RankScore] | None) -> bool:
+    # NaN (no collapse among the ranking runs) compares False: nothing to forget there
+    return ranking is not None and ranking[0].roc_auc < ranking[1].roc_auc - RANK_SLACK
+
+
+def decide(
+    challenger: WarnScore,
+    champion: WarnScore | None,
+    ranking: tuple[RankScore, RankScore] | None = None,
+) -> Decision:
+    """The promotion rule of the module docstring, on figures already measured.
+
+    ``ranking``: (challenger, champion) on the ranking runs (rule 5), or None."""
     if champion is None:
-        return Decision(True, "no champion yet", challenger, None)
+        return Decision(True, "no champion yet", challenger, None, ranking=ranking)
     if not challenger.within_budget:
         return Decision(
             False,
             f"challenger exceeds its warn false-alarm budget: {challenger.describe()}",
             challenger,
             champion,
+            ranking=ranking,
+        )
+    if _forgets(ranking):
+        new, old = ranking
+        return Decision(
+            False,
+            f"challenger ranks the other set-ups' runs worse by more than {RANK_SLACK}: "
+            f"{new.describe()}; champion {old.describe()}",
+            challenger,
+            champion,
+            ranking=ranking,
         )
     new, old = _rank(challenger.recall), _rank(champion.recall)
     # NaN (no healthy steps) compares False: no tie-break without false-alarm figures
@@ -194,7 +279,9 @@ def decide(challenger: WarnScore, champion: WarnScore | None) -> Decision:
     else:
         verdict, promoted = "no higher recall at warn (a tie keeps the champion)", False
     reason = f"{verdict}: challenger {challenger.describe()}; champion {champion.describe()}"
-    return Decision(promoted, reason, challenger, champion)
+    if ranking is not None:
+        reason += f"; ranking: {ranking[0].describe()}, {ranking[1].describe()}"
+    return Decision(promoted, reason, challenger, champion, ranking=ranking)
 
 
 def unseen_by(
@@ -211,18 +298,24 @@ def compare(
     champion: RiskModel | None,
     runs: Sequence[RunRecord],
     scored: Mapping[str, ScoredRun] | None = None,
+    *,
+    ranking_runs: Sequence[RunRecord] = (),
+    names: tuple[str | None, str | None] = (None, None),
 ) -> Decision:
     """Score both models on the given runs neither has seen, then :func:`decide`.
 
     ``runs``: ``RunRecord``s, e.g. the challenger's test runs, a frozen benchmark split
-    and new runs. Without a champion, the challenger is promoted (its figures are still
-    measured, on the runs it never saw, for the log). ``scored``: the challenger's risk
-    on runs its training already scored (``score_at_warn``).
+    and new runs; or the held-out runs of the set-up the challenger was calibrated on, with
+    ``ranking_runs`` the other set-ups' (rule 5: ranking only). Without a champion, the
+    challenger is promoted (its figures are still measured, on the runs it never saw, for
+    the log). ``scored``: the challenger's risk on runs its training already scored
+    (``score_at_warn``). ``names``: (challenger, champion) as messages name them.
     """
     models = [challenger] if champion is None else [challenger, champion]
     fair, set_apart = unseen_by(models, runs)
+    mine, theirs = names
     if champion is None:
-        figures = score_at_warn(challenger, fair, scored)
+        figures = score_at_warn(challenger, fair, scored, name=mine)
         return Decision(True, "no champion yet", figures, None, _ids(fair))
     if not fair:
         return Decision(
@@ -230,7 +323,18 @@ def compare(
             f"none of the {len(runs)} comparison runs is unseen by both models "
             f"({set_apart} trained or validated on); fix: pass runs neither trained on",
         )
-    decision = decide(score_at_warn(challenger, fair, scored), score_at_warn(champion, fair))
+    ranking = None
+    ranked, _ = unseen_by(models, ranking_runs)
+    if ranked:
+        ranking = (
+            rank_on(challenger, ranked, scored, name=mine),
+            rank_on(champion, ranked, name=theirs),
+        )
+    decision = decide(
+        score_at_warn(challenger, fair, scored, name=mine),
+        score_at_warn(champion, fair, name=theirs),
+        ranking,
+    )
     note = f" ({len(fair)} runs unseen by both; {set_apart} set apart)"
     return Decision(
         decision.promoted,
@@ -238,6 +342,7 @@ def compare(
         decision.challenger,
         decision.champion,
         _ids(fair),
+        ranking,
     )
 
 

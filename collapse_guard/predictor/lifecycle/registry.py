@@ -32,7 +32,9 @@ Promotion. Every training is registered as a new version; the alias ``champion``
 it only by the rule of ``predictor.lifecycle.promotion``: both models scored on the same given runs
 (those neither trained or validated on), each at its own stored ``warn`` level; promoted
 on a strictly higher recall (or equal recall, fewer false alarms) while within its
-false-alarm budget. The comparison is logged whether or not the alias moves.
+false-alarm budget; a challenger calibrated on a user's set-up is judged on that set-up's
+held-out runs, other set-ups' runs judging its ranking only. Every message names both
+models by their registered version. The comparison is logged whether or not the alias moves.
 """
 
 from __future__ import annotations
@@ -180,20 +182,25 @@ def _log_model(model: RiskModel, folder: Path, registered_name: str | None):
 def _decide(
     model: RiskModel,
     model_name: str,
-    previous: str | None,
+    versions: tuple[str, str | None],
     comparison_runs: Sequence[RunRecord],
     scored: Mapping[str, ScoredRun] | None,
+    ranking_runs: Sequence[RunRecord],
 ) -> Decision:
-    """Promotion against the current champion ``previous`` (``predictor.lifecycle.promotion``)."""
+    """Promotion of ``versions[0]`` against the current champion ``versions[1]``
+    (``predictor.lifecycle.promotion``), each named by its registered version."""
+    previous = versions[1]
     if previous is None:
-        return promotion.compare(model, None, comparison_runs, scored)
+        return promotion.compare(model, None, comparison_runs, scored, names=versions)
     try:
         champion = RiskModel.load(f"models:/{model_name}@{CHAMPION}")
     except ModelFormatError as error:
         # A champion this code cannot run (older feature version or folder format)
         # serves no one: the new model replaces it.
         return Decision(True, f"champion v{previous} cannot be loaded: {error}")
-    return promotion.compare(model, champion, comparison_runs, scored)
+    return promotion.compare(
+        model, champion, comparison_runs, scored, ranking_runs=ranking_runs, names=versions
+    )
 
 
 def log_training(
@@ -203,6 +210,7 @@ def log_training(
     fingerprint: str,
     metrics: Mapping[str, float] | None = None,
     comparison_runs: Sequence[RunRecord] = (),
+    ranking_runs: Sequence[RunRecord] = (),
     scored: Mapping[str, ScoredRun] | None = None,
     artifacts: str | Path | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
@@ -220,6 +228,8 @@ def log_training(
         comparison_runs: ``RunRecord``s both the new model and the champion are scored
             on (``predictor.lifecycle.promotion.compare``; the runs either model saw are set apart).
             Without any, a champion is never replaced (only a first model is promoted).
+        ranking_runs: runs of other set-ups that judge ranking only (``promotion``, rule 5),
+            beside ``comparison_runs`` of the set-up the model was calibrated on.
         scored: the model's risk on runs already scored (``EvalReport.model_runs``): not
             scored again for promotion.
         artifacts: a folder (plots, tables) logged under ``plots/``.
@@ -251,7 +261,9 @@ def log_training(
         if not register:
             return TrainingRecord(run.info.run_id, experiment_id, None, None, None)
         version = str(info.registered_model_version)
-        decision = _decide(model, model_name, previous, comparison_runs, scored)
+        decision = _decide(
+            model, model_name, (version, previous), comparison_runs, scored, ranking_runs
+        )
         _log_decision(decision, previous)
         if decision.promoted:
             store.use_store().set_registered_model_alias(model_name, CHAMPION, version)
@@ -300,6 +312,7 @@ def log_result(
     result: TrainingResult,
     *,
     comparison_runs: Sequence[RunRecord] | None = None,
+    ranking_runs: Sequence[RunRecord] = (),
     params: Mapping[str, Any] | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     register: bool = True,
@@ -310,7 +323,8 @@ def log_result(
 
     ``comparison_runs``: what promotion scores both models on; default the result's test
     runs (of which the champion's own training and validation runs are set apart).
-    ``params``: more params, beside :func:`training_params`.
+    ``ranking_runs``: judged for ranking only (:func:`log_training`). ``params``: more
+    params, beside :func:`training_params`.
     """
     runs = result.test_runs if comparison_runs is None else comparison_runs
     with tempfile.TemporaryDirectory(prefix="collapse-guard-plots-") as plots:
@@ -321,6 +335,7 @@ def log_result(
             fingerprint=result.fingerprint,
             metrics=result.report.to_metrics(),
             comparison_runs=runs,
+            ranking_runs=ranking_runs,
             scored=result.report.model_runs,
             artifacts=plots,
             experiment=experiment,

@@ -15,17 +15,23 @@ ingest          new run files (folders, files, fsspec URLs) checked, labelled, g
 dataset         every readable run under ``<base>``; unreadable files are reported
 benchmark       the frozen benchmark (``predictor.lifecycle.benchmark``): recorded in MLflow once,
                 reused by every retrain; its runs are never trained on
-challenger      trained on the dataset minus the benchmark (``train_risk_model``; with
-                ``dask``, the training rows are computed on the cluster); its levels
-                set again on this retrain's new healthy runs it did not train on (the
-                fleet's own set-up: ``predictor.core.recalibrate``), when there are any; logged and
-                registered with the tag ``collapse_guard.retrain_key``: the hash of the
-                training runs' labels, the benchmark and the settings
-promotion       inside the same logging (``registry.log_training``): challenger and
-                champion scored on the benchmark runs plus the new runs, those that
-                neither model trained or validated on, each at its own stored ``warn``
-                level, and the ``champion`` alias moved only by ``predictor.lifecycle.promotion``'s
-                rule; the figures and verdict are logged to the challenger's MLflow run
+set-up          new runs holding a collapse are the fleet's set-up: dealt, seeded, into
+                held-out runs and calibration runs, neither trained on
+                (``predictor.lifecycle.setup_runs``); without a collapse, none set apart
+challenger      trained on the dataset minus the benchmark and the set-up's runs set
+                apart (``train_risk_model``; with ``dask``, the training rows are computed
+                on the cluster); its levels set again on the calibration runs (else on
+                the new healthy runs it did not train on: ``predictor.core.recalibrate``),
+                when there are any; logged and registered with the tag
+                ``collapse_guard.retrain_key``: the hash of the training runs' labels, the
+                benchmark and the settings
+promotion       inside the same logging (``registry.log_training``), each model at its own
+                stored ``warn`` level on runs neither trained or validated on: a
+                challenger calibrated on the set-up on the set-up's held-out runs (levels
+                and recall), the benchmark judging ranking only (ROC-AUC); otherwise on
+                the benchmark runs plus the new runs. The ``champion`` alias moves only by
+                ``predictor.lifecycle.promotion``'s rule; the figures and verdict are
+                logged to the challenger's MLflow run
 record          the challenger's run gets the datasets as MLflow inputs (``benchmark``,
                 ``training``, ``new``), the ingest report, and ``retrain_state = done``
 ==============  ==========================================================================
@@ -43,7 +49,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +62,7 @@ from collapse_guard.predictor.lifecycle.benchmark import (
     find_benchmark,
     record_benchmark,
 )
+from collapse_guard.predictor.lifecycle.setup_runs import SetupRuns, split_setup_runs
 from collapse_guard.predictor.training.config import TrainConfig
 from collapse_guard.runfiles import RunMeta
 from collapse_guard.runfiles.ingest import (
@@ -63,6 +70,7 @@ from collapse_guard.runfiles.ingest import (
     IngestReport,
     Rejected,
     dataset_runs,
+    discard_ingested,
     ingest_runs,
 )
 from collapse_guard.runfiles.records import load_runs
@@ -97,6 +105,7 @@ class RetrainResult:
     comparison_run_ids: tuple[str, ...]  # runs both were scored on (unseen by both)
     metrics: Mapping[str, float]  # compare.challenger.*, compare.champion.*
     resumed: bool  # an earlier attempt's challenger was used (nothing trained now)
+    setup: SetupRuns = field(default_factory=SetupRuns)  # new runs set apart (setup_runs)
 
 
 def _skipped(report: IngestReport, shown: int = 5) -> str:
@@ -188,6 +197,14 @@ def _benchmark(
     old = [r for r in dataset.paths if r not in set(new)] or list(dataset.paths)
     exclude = _seen_by_champion(model_name, old)
     ids = choose_benchmark([dataset.metas[r] for r in old], exclude=exclude, seed=seed)
+    if not ids and set(old) - exclude:  # runs the champion never saw, too few for a share
+        raise UserInputError(
+            f"too few runs to train: the dataset folder {base} holds {len(dataset.paths)} runs "
+            f"({len(new)} of them new), too few to set a share apart as the frozen benchmark "
+            "and train on the rest",
+            "give --base the folder of the runs to train on beside the new ones (e.g. "
+            "`collapse-guard data synth --n 60 --out runs`)",
+        )
     return record_benchmark(experiment_id, ids, base, seed=seed)
 
 
@@ -210,8 +227,18 @@ def _train(paths: Sequence[Path], config: TrainConfig, dask, progress):
         return train_risk_model(paths, config, progress=progress, **extra)
 
 
+def _setup_runs(dataset: Dataset, new: Sequence[str], seed: int, recalibrate: bool):
+    """The new runs set apart (``setup_runs``), when they hold a collapse to judge recall on;
+    without one, none: they train and calibrate the challenger as any run does."""
+    metas = [dataset.metas[r] for r in new if r in dataset.metas]
+    if not any(m.onset_step is not None for m in metas):
+        return SetupRuns()
+    return split_setup_runs(metas, seed=seed, calibrate=recalibrate)
+
+
 def _recalibrated(result, dataset: Dataset, new: Sequence[str], progress):
-    """The challenger with its levels set on the new healthy runs it did not train on.
+    """(the challenger with its levels set on the new healthy runs it did not train on,
+    whether any were there).
 
     They are runs of the set-up the fleet trains now, which levels set on the dataset's
     mix of set-ups need not fit (``predictor.core.recalibrate``); once calibrated on, they are
@@ -228,36 +255,59 @@ def _recalibrated(result, dataset: Dataset, new: Sequence[str], progress):
         if r in dataset.paths and r not in trained and dataset.metas[r].onset_step is None
     ]
     if not healthy:
-        return result
+        return result, False
     model = calibrate(result.model, healthy)
     _log(progress, f"levels: set on {len(healthy)} new healthy runs it did not train on")
-    return replace(result, model=model)
+    return replace(result, model=model), True
 
 
 def _comparison_runs(
-    result, runs: Mapping[str, Path], benchmark: FrozenBenchmark, new: Sequence[str]
-) -> list:
-    """The benchmark's runs, read, and the new runs among the challenger's test runs, held
-    (and scored) already. A new run it trained or validated on would only be set apart by
-    promotion (``promotion.unseen_by``), so it is not read again."""
+    result,
+    runs: Mapping[str, Path],
+    benchmark: FrozenBenchmark,
+    new: Sequence[str],
+    setup,
+    calibrated: bool,
+) -> tuple[list, list]:
+    """(the runs promotion judges levels and recall on, the runs it judges ranking on).
+
+    A challenger calibrated on the set-up with held-out runs of it: levels and recall on
+    those, ranking on the benchmark (``promotion``, rule 5). Otherwise levels and recall on
+    the benchmark's runs, the held-out new runs and the new runs among the challenger's test
+    runs, held (and scored) already, and no ranking runs; a new run it trained or validated
+    on would only be set apart by promotion (``promotion.unseen_by``), so it is not read
+    again."""
+    held_out = load_runs([runs[r] for r in setup.held_out if r in runs])
+    bench = [runs[r] for r in sorted(benchmark.run_ids) if r in runs and r not in set(new)]
+    if setup.held_out and calibrated:
+        return held_out, load_runs(bench)
     fresh = set(new)
     held = [r for r in result.test_runs if r.run_id in fresh]
-    read = load_runs([runs[r] for r in sorted(benchmark.run_ids) if r in runs and r not in fresh])
-    return sorted([*read, *held], key=lambda r: r.run_id)
+    return sorted([*load_runs(bench), *held, *held_out], key=lambda r: r.run_id), []
 
 
-def _log_challenger(result, comparison, key, benchmark, experiment, model_name):
+def _log_challenger(result, comparison, ranking, key, benchmark, experiment, model_name):
     """Log, register and decide promotion (``registry.log_result``), tagged with the key."""
     from collapse_guard.predictor.lifecycle.registry import log_result
 
     return log_result(
         result,
         comparison_runs=comparison,
+        ranking_runs=ranking,
         params={"kind": "retrain", "trainer": result.model.meta.get("trainer", "lightgbm")},
         experiment=experiment,
         model_name=model_name,
         tags={KEY_TAG: key, "collapse_guard.benchmark_digest": benchmark.digest},
     )
+
+
+def _take_back(report: IngestReport, base: Path, benchmarks: Sequence[FrozenBenchmark]) -> None:
+    """A retrain that failed before its challenger was logged leaves nothing behind: the
+    copies this ingest wrote and a benchmark recorded now (a rerun chooses and ingests
+    again, the same way: both depend only on the runs and the seed)."""
+    discard_ingested(report, base)
+    for benchmark in benchmarks:
+        _client().delete_run(benchmark.mlflow_run_id)
 
 
 def _ids_dataset(ids: Sequence[str], name: str, source: Path, digest: str | None = None):
@@ -379,6 +429,7 @@ def retrain(
     require_new: bool = False,
     recalibrate: bool = True,
     progress: Callable[[str], None] | None = None,
+    on_ingest: Callable[[IngestReport], None] | None = None,
     **settings: Any,
 ) -> RetrainResult:
     """Ingest ``runs`` into ``base``, train a challenger, compare, promote by the rule.
@@ -400,16 +451,16 @@ def retrain(
         recalibrate: set the challenger's levels on the new healthy runs it did not train
             on (``recalibrate.calibrate``); False keeps the levels of its validation runs.
         progress: called with a line of text after each step.
+        on_ingest: called with the ingest's report as soon as it is done (the command
+            names the files it skipped before training starts, whatever follows).
+
+    A retrain that fails before its challenger is logged (too few runs, a bad setting)
+    leaves no file behind: the copies it ingested and a benchmark it recorded are taken
+    back. A failure after that is a crash: the copies stay, and a rerun finishes the job.
     """
-    from collapse_guard.predictor.lifecycle.registry import (
-        DEFAULT_EXPERIMENT,
-        MODEL_NAME,
-        champion_version,
-        ensure_experiment,
-    )
+    from collapse_guard.predictor.lifecycle.registry import DEFAULT_EXPERIMENT, MODEL_NAME
 
     config = TrainConfig.of(config, **settings)
-    seed = config.seed
     experiment = experiment or DEFAULT_EXPERIMENT
     model_name = model_name or MODEL_NAME
     base = Path(base)
@@ -419,61 +470,112 @@ def retrain(
         f"ingest: {len(report.ingested)} new, {len(report.already)} already in {base}, "
         f"{len(report.rejected)} rejected, {len(report.ignored)} ignored",
     )
+    if on_ingest is not None:
+        on_ingest(report)
     if require_new and not report.run_ids:
         raise UserInputError(
             f"no run file could be ingested from {', '.join(map(str, runs))}: " + _skipped(report),
             "pass folders, files or URLs of collapse-guard run files (*.parquet)",
         )
-    dataset = dataset_runs(base)
-    unreadable = dataset.unreadable
-    experiment_id = ensure_experiment(experiment)
-    benchmark = _benchmark(experiment_id, dataset, report.run_ids, base, model_name, seed)
-    _log(
-        progress,
-        f"frozen benchmark: {len(benchmark.run_ids)} runs "
-        f"({'chosen now' if benchmark.created else 'recorded earlier'}, {benchmark.digest})",
-    )
-    training = {r: p for r, p in dataset.paths.items() if r not in set(benchmark.run_ids)}
-    key = _retrain_key(
-        {r: dataset.metas[r] for r in training},
-        benchmark,
-        {**config.to_dict(), "model": model_name, "recalibrate": recalibrate},
-    )
-    common = {
-        "ingest": report,
-        "unreadable": tuple(unreadable),
-        "benchmark": benchmark,
-        "training_runs": len(training),
-    }
+    job = _Job(report, base, config, experiment, model_name, recalibrate, dask, progress)
+    try:
+        return job.run()
+    except BaseException:
+        if not job.logging:  # nothing in the store refers to the copies yet
+            _take_back(report, base, job.recorded)
+        raise
 
-    def record(run_id: str, fingerprint: str) -> None:
-        _record(run_id, base, benchmark, sorted(training), fingerprint, report, unreadable)
 
-    for attempt in _attempts(experiment_id, key):
-        state = attempt.data.tags.get(STATE_TAG)
-        if state == _ABANDONED:
-            continue
-        if "promotion" in attempt.data.tags:
-            _log(progress, f"this retrain was decided before: MLflow run {attempt.info.run_id}")
-            return _resumed(attempt, model_name, record, **common)
-        _abandon(attempt.info.run_id, model_name)
-    result = _train(sorted(training.values()), config, dask, progress)
-    if recalibrate:
-        result = _recalibrated(result, dataset, report.run_ids, progress)
-    comparison = _comparison_runs(result, dataset.paths, benchmark, report.run_ids)
-    logged = _log_challenger(result, comparison, key, benchmark, experiment, model_name)
-    _log(progress, f"v{logged.version}: {'promoted' if logged.promoted else 'kept out'}")
-    record(logged.run_id, result.fingerprint)
-    decision = logged.decision
-    return RetrainResult(
-        **common,
-        mlflow_run_id=logged.run_id,
-        version=str(logged.version),
-        previous_champion=logged.previous_champion,
-        champion=champion_version(model_name),
-        promoted=logged.promoted,
-        reason=logged.reason,
-        comparison_run_ids=tuple(decision.run_ids) if decision else (),
-        metrics=decision.to_metrics() if decision else {},
-        resumed=False,
-    )
+@dataclass
+class _Job:
+    """One retrain after its ingest: the steps of the module docstring from 'dataset' on.
+
+    ``logging`` turns True once the challenger's logging begins: from then on a failure is
+    a crash a rerun finishes, so the copies stay; before it, ``retrain`` takes back the
+    copies and the benchmark ``recorded`` now."""
+
+    report: IngestReport
+    base: Path
+    config: TrainConfig
+    experiment: str
+    model_name: str
+    recalibrate: bool
+    dask: str | None
+    progress: Callable[[str], None] | None
+    logging: bool = False
+    recorded: list = field(default_factory=list)
+
+    def run(self) -> RetrainResult:
+        from collapse_guard.predictor.lifecycle.registry import champion_version, ensure_experiment
+
+        report, base, progress, model_name = self.report, self.base, self.progress, self.model_name
+        seed, new = self.config.seed, report.run_ids
+        dataset = dataset_runs(base)
+        unreadable = dataset.unreadable
+        experiment_id = ensure_experiment(self.experiment)
+        benchmark = _benchmark(experiment_id, dataset, new, base, model_name, seed)
+        if benchmark.created:
+            self.recorded.append(benchmark)
+        _log(
+            progress,
+            f"frozen benchmark: {len(benchmark.run_ids)} runs "
+            f"({'chosen now' if benchmark.created else 'recorded earlier'}, {benchmark.digest})",
+        )
+        setup = _setup_runs(dataset, new, seed, self.recalibrate)
+        apart = set(benchmark.run_ids) | setup.apart
+        training = {r: p for r, p in dataset.paths.items() if r not in apart}
+        key = _retrain_key(
+            {r: dataset.metas[r] for r in training},
+            benchmark,
+            {
+                **self.config.to_dict(),
+                "model": model_name,
+                "recalibrate": self.recalibrate,
+                "setup": [setup.held_out, setup.calibration],
+            },
+        )
+        common = {
+            "ingest": report,
+            "unreadable": tuple(unreadable),
+            "benchmark": benchmark,
+            "training_runs": len(training),
+            "setup": setup,
+        }
+
+        def record(run_id: str, fingerprint: str) -> None:
+            _record(run_id, base, benchmark, sorted(training), fingerprint, report, unreadable)
+
+        for attempt in _attempts(experiment_id, key):
+            state = attempt.data.tags.get(STATE_TAG)
+            if state == _ABANDONED:
+                continue
+            if "promotion" in attempt.data.tags:
+                _log(progress, f"this retrain was decided before: MLflow run {attempt.info.run_id}")
+                return _resumed(attempt, model_name, record, **common)
+            _abandon(attempt.info.run_id, model_name)
+        result = _train(sorted(training.values()), self.config, self.dask, progress)
+        calibrated = False
+        if self.recalibrate:
+            result, calibrated = _recalibrated(result, dataset, setup.calibration or new, progress)
+        comparison, ranking = _comparison_runs(
+            result, dataset.paths, benchmark, new, setup, calibrated
+        )
+        self.logging = True
+        logged = _log_challenger(
+            result, comparison, ranking, key, benchmark, self.experiment, model_name
+        )
+        _log(progress, f"v{logged.version}: {'promoted' if logged.promoted else 'kept out'}")
+        record(logged.run_id, result.fingerprint)
+        decision = logged.decision
+        return RetrainResult(
+            **common,
+            mlflow_run_id=logged.run_id,
+            version=str(logged.version),
+            previous_champion=logged.previous_champion,
+            champion=champion_version(model_name),
+            promoted=logged.promoted,
+            reason=logged.reason,
+            comparison_run_ids=tuple(decision.run_ids) if decision else (),
+            metrics=decision.to_metrics() if decision else {},
+            resumed=False,
+        )

@@ -269,7 +269,11 @@ def set_levels(
         (healthy,) = healthy_sequences([scored], model.horizon)
         group = "" if by is None else held_out_group(run.meta, by)
         by_group.setdefault((run.meta.source, group), []).append(healthy)
-    per_group = [thresholds_from_budgets(s, budgets) for s in by_group.values()]
+    # a group whose validation runs all collapsed within a horizon of their start (a
+    # fleet's rescued guarded runs) has no healthy step to hold a budget on: the others set
+    # the levels; with none at all, thresholds_from_budgets says what is missing
+    usable = [s for s in by_group.values() if sum(x.size for x in s)] or list(by_group.values())
+    per_group = [thresholds_from_budgets(s, budgets) for s in usable]
     model.with_thresholds({level: max(t[level] for t in per_group) for level in LEVELS})
     model.budgets = dict(budgets)
     model.meta["threshold_sources"] = sorted({source for source, _ in by_group})

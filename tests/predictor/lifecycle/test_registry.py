@@ -95,8 +95,10 @@ def test_champion_moves_only_when_the_rule_says_and_loads_by_alias(store, models
 
     better = log(eager, "eager")
     challenger, champion = better.decision.challenger, better.decision.champion
-    # each at its own stored warn level, on the same runs
-    assert challenger == promotion.score_at_warn(eager, test_runs)
+    # each at its own stored warn level, on the same runs, named by its registered version
+    assert challenger == promotion.score_at_warn(eager, test_runs, name="2")
+    assert "challenger v2: " in better.reason and "champion v1: " in better.reason
+    assert f"v{eager.meta['version']}" not in better.reason
     assert champion.threshold == 1.0 and challenger.threshold == eager.thresholds["warn"]
     assert (champion.caught, champion.false_alarms) == (0, 0)
     assert challenger.caught == challenger.n_collapsed == 4 and challenger.within_budget
