@@ -73,7 +73,9 @@ HORIZON: int = 200  # docs/design.md: predict collapse within the next 200 steps
 # docs/design.md, "Predictor": an alarm counts only this many steps or more before onset;
 # a later one leaves no time to act (the guard's reactive path covers those collapses)
 MIN_LEAD: int = 10
-COLLAPSE_KINDS: tuple[str, ...] = ("nonfinite", "loss_rise", "grad_collapse")
+# "rescued": a guarded run's rescue with no excursion open, its onset the rescue's step
+# (censoring.py); label_run itself finds the other three
+COLLAPSE_KINDS: tuple[str, ...] = ("nonfinite", "loss_rise", "grad_collapse", "rescued")
 # How a command names the rule when it labels a run the file left unlabelled
 RULE_NAME: str = (
     f"label rule {LABEL_VERSION!r} (collapse_guard.runfiles.label_run, the rule the data "
