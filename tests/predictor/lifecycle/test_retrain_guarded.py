@@ -1,6 +1,8 @@
-"""The user's loop on a model written here: record healthy runs, calibrate, guard ramp runs,
-retrain on the guarded runs (rescues labelled, the rows the guard left known kept), promote
-on the set-up's held-out runs, and the new champion's levels are the user's set-up's.
+"""The user's loop on a model written here: record healthy runs, calibrate, serve the
+calibrated model, guard runs through the service, kill the server (the guard scores with
+the served model, named as its fallback, under the same version), guard ramp runs, retrain
+on the guarded runs (rescues labelled, the rows the guard left known kept), promote on the
+set-up's held-out runs, and serve the new champion, whose levels are the user's set-up's.
 
 The model is a looped (weight-shared) GPT: one block applied ``depth`` times, a learned
 embedding per pass, RMS norms without gain. The data generator draws none like it (its
@@ -9,21 +11,25 @@ families stack distinct blocks), so the bundled model never saw its set-up.
 
 from __future__ import annotations
 
+import os
 import warnings
 
+import httpx
 import pytest
 import torch
 import torch.nn.functional as F
 from guarded_retrain import collapsing, seeded, steady, train_run
 from predictor_settings import LIFECYCLE_TRAINING
+from support import serve_process, wait_ready
 from torch import nn
 
+from collapse_guard.guard import ServiceRisk
 from collapse_guard.predictor.core.recalibrate import calibrate
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
 from collapse_guard.predictor.lifecycle import registry
 from collapse_guard.predictor.lifecycle.retrain import retrain
-from collapse_guard.runfiles import read_run
+from collapse_guard.runfiles import read_meta, read_run
 
 STEPS = 520
 
@@ -82,7 +88,19 @@ def test_guarded_runs_teach_retrain_and_promote_levels_of_the_users_set_up(store
     champion = RiskModel.load(f"models:/{registry.MODEL_NAME}@{registry.CHAMPION}")
     folder = champion.save(tmp_path / "v1")
     guarded = tmp_path / "guarded"
-    runs("healthy", (10, 11), guarded, risk=str(folder))
+    # served, then the server killed: the guard goes on with the served model (named with
+    # it) under the same version, never silently with the bundled one
+    env = dict(os.environ, BENTOML_HOME=str(tmp_path / "bentoml"))
+    with serve_process(tmp_path, ["--workers", "1", "--model", str(folder)], env) as served:
+        url, proc, log = served
+        wait_ready(url, proc, log)
+        version = httpx.get(f"{url}/model").json()["version"]
+        risk = ServiceRisk(url, fallback=str(folder))
+        (through_service,) = runs("healthy", [10], guarded, risk=risk)
+    (after_kill,) = runs("healthy", [11], guarded, risk=ServiceRisk(url, fallback=str(folder)))
+    summaries = [read_meta(p).extra["guard"] for p in (through_service, after_kill)]
+    assert [g["risk_source"] for g in summaries] == ["service", "fallback"]
+    assert [g["risk_model_version"] for g in summaries] == [version, version]
     runs("ramp", range(20, 26), guarded, risk=str(folder))
 
     result = retrain([str(guarded)], base=base, **LIFECYCLE_TRAINING)
@@ -126,6 +144,16 @@ def test_guarded_runs_teach_retrain_and_promote_levels_of_the_users_set_up(store
     new_champion = RiskModel.load(f"models:/{registry.MODEL_NAME}@{registry.CHAMPION}")
     assert list(new_champion.meta["calibrated_on"]) == list(setup.calibration)
     assert new_champion.meta["levels_from"]["by"] == "calibrate"
+    # and it serves: the registry's champion alias, read by the service
+    env = dict(os.environ, BENTOML_HOME=str(tmp_path / "bentoml-2"))
+    source = f"models:/{registry.MODEL_NAME}@{registry.CHAMPION}"
+    (tmp_path / "serve-2").mkdir()
+    with serve_process(tmp_path / "serve-2", ["--workers", "1", "--model", source], env) as served:
+        url, proc, log = served
+        wait_ready(url, proc, log)
+        info = httpx.get(f"{url}/model").json()
+    assert info["thresholds"] == pytest.approx(new_champion.thresholds)
+    assert info["version"] != version  # v2 serves now, not the model the guard fell back on
 
 
 @pytest.mark.parametrize(
