@@ -48,7 +48,7 @@ bench: $(STAMP)
 # It refuses a data set with fewer runs or collapses than the model it replaces: FORCE=1.
 REAL ?= corpus/real
 default-model: $(STAMP)
-	$(BIN)/python -m collapse_guard.predictor.cli.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL) $(if $(OUT),--out $(OUT)) $(if $(FORCE),--force)
+	$(BIN)/python -m collapse_guard.predictor.cli.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL)$(if $(OUT), --out $(OUT))$(if $(FORCE), --force)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

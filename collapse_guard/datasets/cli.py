@@ -21,6 +21,8 @@ __all__ = ["CARD_KEYS", "app", "card_command", "compact_command"]
 CARD_KEYS: tuple[str, ...] = (
     "family",
     *ARCHITECTURE_CHOICES,
+    "attention",  # the breadth sweep's draws (full, grouped- or multi-query; qk-norm)
+    "qk_norm",
     "n_head",
     "optimizer",
     "recipe",

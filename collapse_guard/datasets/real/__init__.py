@@ -16,7 +16,8 @@ from collapse_guard.datasets.real.config import (
     RealRunConfig,
 )
 from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
-from collapse_guard.datasets.real.sampler import RECIPES, Focus, sample_config, sample_configs
+from collapse_guard.datasets.real.sampler import RECIPES, Focus
+from collapse_guard.datasets.real.sweeps import sample_config, sample_configs
 
 __all__ = [
     "DATA_KINDS",

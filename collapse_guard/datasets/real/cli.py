@@ -12,7 +12,9 @@ import typer
 
 from collapse_guard.datasets.real.config import RealRunConfig
 
-__all__ = ["real_command"]
+__all__ = ["SWEEPS", "real_command"]
+
+SWEEPS = ("main", "breadth")  # the sampler's sweeps; breadth: ``breadth.py``
 
 
 def real_command(
@@ -42,13 +44,22 @@ def real_command(
         str,
         typer.Option("--families", help="Only these model families, comma-separated (e.g. drawn)."),
     ] = "",
+    sweep: Annotated[
+        str,
+        typer.Option(
+            "--sweep",
+            help="main, or breadth: Muon, every part of the drawn family, nanogpt on larger "
+            "models (its own run ids).",
+        ),
+    ] = "main",
 ) -> None:
     """Train N small transformers (3 families, 3 optimizers, 2 kinds of data) with sampled
     recipes, knobs and faults; write labelled run files to OUT.
 
     Resumable: run files already in OUT are kept, unfinished ones are redone. A sweep
     narrowed by --recipes / --optimizers / --families has run ids of its own, so it can top up a
-    folder that holds the full sweep.
+    folder that holds the full sweep; so has the breadth sweep (--sweep breadth), which they
+    narrow too.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before anything imports torch
     from collapse_guard.datasets.real.pool import generate_real_runs, run_id_for
@@ -56,7 +67,11 @@ def real_command(
     from collapse_guard.runfiles.reader import read_meta
 
     try:
-        focus = Focus(_names(recipes), _names(optimizers), _names(families))
+        if sweep not in SWEEPS:
+            raise ValueError(f"unknown sweep {sweep!r}; expected one of {', '.join(SWEEPS)}")
+        focus = Focus(
+            _names(recipes), _names(optimizers), _names(families), breadth=sweep == "breadth"
+        )
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass
 from collapse_guard._config import reject_unknown_keys
 
 __all__ = [
+    "ALL_OPTIMIZERS",
     "ARCHITECTURE_CHOICES",
+    "ATTENTIONS",
     "DATA_KINDS",
     "FAMILIES",
     "FAMILY_ARCHITECTURES",
@@ -54,8 +56,16 @@ FAMILY_ARCHITECTURES: dict[str, dict] = {
     },
 }
 FAMILY_ARCHITECTURES["mha"] = FAMILY_ARCHITECTURES["drawn"] = FAMILY_ARCHITECTURES["gpt"]
-# optimizers (``optim.py``); ``sgd`` is SGD with Nesterov momentum ``beta1``
+# attention variants of the ``drawn`` family, drawn by the breadth sweep only (an entry of
+# ARCHITECTURE_CHOICES would change what the ``drawn`` top-ups on disk drew): ``mha`` one
+# key/value head per query head; ``gqa`` half as many (Ainslie et al. 2023; 2 heads: 1);
+# ``mqa`` one for all (Shazeer 2019). Every other family is ``mha``
+ATTENTIONS = ("mha", "gqa", "mqa")
+# optimizers (``optim.py``); ``sgd`` is SGD with Nesterov momentum ``beta1``. OPTIMIZERS
+# are the ones every sweep draws; ``muon`` (torch's Muon on the hidden matrices, AdamW on
+# the rest) only the breadth sweep and focused top-ups (``sampler.TOP_UP_OPTIMIZERS``)
 OPTIMIZERS = ("adamw", "lion", "sgd")
+ALL_OPTIMIZERS = (*OPTIMIZERS, "muon")
 # optimizer -> its second-moment state keys (what ``opt_reset`` zeroes); Lion and SGD
 # keep only a momentum, whose loss is benign, so ``opt_reset`` is refused for them
 SECOND_MOMENTS = {"adamw": ("exp_avg_sq",)}
@@ -100,6 +110,7 @@ class RealRunConfig:
     positions: str | None = None  # learned, rope, alibi or none
     mlp: str | None = None  # gelu or swiglu
     tied: bool | None = None  # the head shares the token embedding
+    attention: str = "mha"  # one of ATTENTIONS: key/value heads per query head
     # data
     data: str = "bytes"  # one of DATA_KINDS
     vocab_size: int = 256  # bytes: 256; language: its own vocabulary (64-512)
@@ -116,12 +127,12 @@ class RealRunConfig:
     rewarm_step: int = 0  # 0 = no re-warming
     rewarm_steps: int = 1  # ramp length, steps
     rewarm_lr: float = 0.0  # second peak LR
-    beta1: float = 0.9  # AdamW/Lion first moment; SGD's momentum
-    beta2: float = 0.95  # AdamW: small beta2 (0.5-0.8) makes the second moment jumpy;
-    # Lion: the momentum's own decay (0.99 in Chen et al. 2023)
+    beta1: float = 0.9  # AdamW/Lion first moment; SGD's and Muon's momentum
+    beta2: float = 0.95  # AdamW (and Muon's AdamW on the rest): small beta2 (0.5-0.8)
+    # makes the second moment jumpy; Lion: the momentum's own decay (0.99 in Chen et al. 2023)
     eps: float = 1e-8  # AdamW only: tiny eps lets near-zero second moments blow updates up
-    weight_decay: float = 0.1  # on matrices only (nanoGPT); decoupled for AdamW and Lion,
-    # an L2 term for SGD
+    weight_decay: float = 0.1  # on matrices only (nanoGPT); decoupled for AdamW, Lion and
+    # Muon, an L2 term for SGD
     grad_clip: float = 1.0  # clip the global grad norm at this value; 0.0 disables clipping
     # precision
     precision: str = "fp32"  # one of PRECISIONS; bf16/fp16 are emulated (precision.py)
@@ -136,7 +147,8 @@ class RealRunConfig:
     def __post_init__(self) -> None:
         for name, known in (
             ("family", FAMILIES),
-            ("optimizer", OPTIMIZERS),
+            ("optimizer", ALL_OPTIMIZERS),
+            ("attention", ATTENTIONS),
             ("data", DATA_KINDS),
             ("fault", FAULTS),
             ("precision", PRECISIONS),
@@ -147,6 +159,11 @@ class RealRunConfig:
                     f"expected one of {', '.join(known)}"
                 )
         self._fill_architecture()
+        if self.family != "drawn" and self.attention != "mha":
+            raise ValueError(
+                f"family {self.family!r} is built with attention='mha', got "
+                f"{self.attention!r}; leave attention unset or use family='drawn'"
+            )
         if self.data == "bytes" and self.vocab_size != 256:
             raise ValueError(
                 f"byte-level data has vocab_size 256, got {self.vocab_size}; "
@@ -240,5 +257,6 @@ class RealRunConfig:
             qk_norm=self.qk_norm,
             pre_ln=self.pre_ln,
             init_scale=self.init_scale,
+            attention=self.attention,
             **{field: getattr(self, field) for field in ARCHITECTURE_CHOICES},
         )

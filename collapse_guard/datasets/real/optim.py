@@ -1,4 +1,4 @@
-"""The optimizers of the real runs: AdamW, Lion and SGD with momentum, built from a config.
+"""The optimizers of the real runs: AdamW, Lion, SGD with momentum and Muon, built from a config.
 
 Weight decay goes to matrices only, as in nanoGPT (norm gains, biases and nothing
 else of dimension < 2 are left alone), for every optimizer alike.
@@ -16,13 +16,31 @@ high LR is a uniform push on every weight rather than AdamW's rare huge
 models the measured edges are closer (Lion 0.03, AdamW 0.04: ``sampler.STABLE_EDGE``),
 but Lion grows attention logits steadily even well below its edge (measured at 0.003:
 the largest logit ~4,000 by step 500 while the loss still fell).
+
+Muon is torch's own (``torch.optim.Muon``, Jordan et al. 2024) on the hidden 2-D
+matrices, with AdamW on the rest (embeddings, head, norms, biases), as Muon is used:
+``MuonAdamW`` steps the two as one optimizer, so the loop, the probe (``lr`` from
+``param_groups[0]``) and the faults see one. Its LR is scaled to AdamW's update RMS
+(``adjust_lr_fn="match_rms_adamw"``, Liu et al. 2025, "Muon is Scalable for LLM
+Training"), so one LR and one weight decay serve both halves and the recipes' LR
+schedules mean the same for it as for AdamW.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-__all__ = ["Lion", "build_optimizer"]
+__all__ = ["Lion", "MuonAdamW", "build_optimizer"]
+
+
+def _closure_loss(closure) -> torch.Tensor | None:
+    """``closure()`` with gradients on, as ``torch.optim`` optimizers call it; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class Lion(torch.optim.Optimizer):
@@ -43,10 +61,7 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, decay = group["lr"], group["weight_decay"]
@@ -65,11 +80,108 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
+class MuonAdamW(torch.optim.Optimizer):
+    """torch's Muon on ``muon_groups``, AdamW on ``adamw_groups``, stepped as one optimizer.
+
+    Its ``param_groups`` are the two optimizers' own group dicts (Muon's first), so an
+    LR set on them reaches both; ``state`` is the union of the two states, and
+    ``state_dict`` holds both. Muon's momentum is ``momentum`` (Nesterov), AdamW's
+    betas ``betas``.
+    """
+
+    def __init__(
+        self,
+        muon_groups: list[dict],
+        adamw_groups: list[dict],
+        *,
+        lr: float,
+        momentum: float = 0.95,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+    ):
+        self.muon = torch.optim.Muon(
+            muon_groups, lr=lr, momentum=momentum, adjust_lr_fn="match_rms_adamw"
+        )
+        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, fused=True)
+        # the same dicts: torch's add_param_group keeps the dict it is given
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
+        self.state = _UnionState(self.muon.state, self.adamw.state)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
+
+
+class _UnionState(Mapping):
+    """Read view of two optimizers' states (their parameters are disjoint); not a ChainMap,
+    whose lookup would add an empty entry to the first one, a ``defaultdict``."""
+
+    def __init__(self, *states: dict):
+        self._states = states
+
+    def __getitem__(self, param):
+        for state in self._states:
+            if param in state:
+                return state[param]
+        raise KeyError(param)
+
+    def __iter__(self):
+        return (param for state in self._states for param in state)
+
+    def __len__(self) -> int:
+        return sum(len(state) for state in self._states)
+
+
+def _hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The 2-D weights inside the blocks: Muon's share (embeddings and the head are not)."""
+    outside = {
+        id(p)
+        for module in model.modules()
+        if isinstance(module, torch.nn.Embedding)
+        for p in module.parameters()
+    }
+    head = getattr(model, "head", None)
+    if isinstance(head, torch.nn.Linear):
+        outside.add(id(head.weight))
+    return [p for p in model.parameters() if p.dim() == 2 and id(p) not in outside]
+
+
+def _muon_adamw(config, model: torch.nn.Module) -> MuonAdamW:
+    hidden = _hidden_matrices(model)
+    inside = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if id(p) not in inside]
+    adamw_groups = [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return MuonAdamW(
+        [{"params": hidden, "weight_decay": config.weight_decay}],
+        [group for group in adamw_groups if group["params"]],
+        lr=config.lr_at(0),
+        momentum=config.beta1,
+        betas=(0.9, config.beta2),
+        eps=config.eps,
+    )
+
+
 def build_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer ``config.optimizer`` names, over ``model``'s parameters.
 
     ``config`` is a ``RealRunConfig``: its ``lr_at(0)``, betas, eps and weight decay.
+    For Muon, ``beta1`` is Muon's momentum and ``beta2`` AdamW's on the rest.
     """
+    if config.optimizer == "muon":
+        return _muon_adamw(config, model)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [
@@ -89,4 +201,6 @@ def build_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
         return Lion(groups, lr=lr, betas=(config.beta1, config.beta2))
     if config.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=config.beta1, nesterov=True)
-    raise ValueError(f"optimizer={config.optimizer!r} is not known; expected adamw, lion or sgd")
+    raise ValueError(
+        f"optimizer={config.optimizer!r} is not known; expected adamw, lion, sgd or muon"
+    )

@@ -29,7 +29,8 @@ from pathlib import Path
 from collapse_guard.datasets.parallel import run_progress, spawn_pool, stop_on_sigterm
 from collapse_guard.datasets.real.config import RealRunConfig
 from collapse_guard.datasets.real.runner import RunResult, temp_path
-from collapse_guard.datasets.real.sampler import Focus, sample_configs
+from collapse_guard.datasets.real.sampler import Focus
+from collapse_guard.datasets.real.sweeps import sample_configs
 
 __all__ = ["generate_real_runs", "run_id_for", "run_task"]
 

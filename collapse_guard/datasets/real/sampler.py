@@ -43,6 +43,10 @@ recipe              weight  what it draws (LRs as multiples of the edge)
                             in the run with no trigger after step 0 (issue 20)
 ==================  ======  =========================================================
 
+A focused top-up may also draw Muon (``TOP_UP_OPTIMIZERS``, ``--optimizers muon``; its
+edge: ``MUON_EDGE``), and ``Focus(breadth=True)`` is the breadth sweep (``breadth.py``:
+Muon, every part of the drawn family, nanogpt on larger models), built on ``draw_run``.
+
 A focused top-up may also draw the ``drawn`` model family (``TOP_UP_FAMILIES``,
 ``--families drawn``), whose block (serial or parallel), norm (LayerNorm or RMSNorm,
 pre or post), positions (learned, rotary, ALiBi, none), MLP (GELU or SwiGLU), tied head
@@ -100,6 +104,7 @@ pins a draw, so that a change that would reshuffle sweeps on disk fails loudly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,15 +114,17 @@ from collapse_guard.datasets.real.config import ARCHITECTURE_CHOICES, RealRunCon
 __all__ = [
     "DATA_SHARES",
     "FAMILY_SHARES",
+    "MUON_EDGE",
     "NANOGPT_EDGE",
     "OPTIMIZER_SHARES",
     "RECIPES",
     "STABLE_EDGE",
     "TOP_UP_FAMILIES",
+    "TOP_UP_OPTIMIZERS",
     "TOP_UP_RECIPES",
     "Focus",
+    "draw_run",
     "sample_config",
-    "sample_configs",
 ]
 
 RECIPES: dict[str, float] = {
@@ -143,6 +150,8 @@ FAMILY_SHARES: dict[str, float] = {"gpt": 0.34, "rope_swiglu": 0.33, "mha": 0.33
 # of its architecture (``_architecture``)
 TOP_UP_FAMILIES: dict[str, float] = {"drawn": 0.33}
 OPTIMIZER_SHARES: dict[str, float] = {"adamw": 0.45, "lion": 0.30, "sgd": 0.25}
+# Optimizers drawn only when chosen (``--optimizers muon``) or by the breadth sweep
+TOP_UP_OPTIMIZERS: dict[str, float] = {"muon": 0.35}
 DATA_SHARES: dict[str, float] = {"bytes": 0.5, "language": 0.5}
 
 # The LR past which a model that learned at a safe LR collapses (its loss rises and
@@ -168,6 +177,16 @@ STABLE_EDGE: dict[tuple[str, str], float] = {
 STABLE_EDGE.update(
     {("drawn", optimizer): STABLE_EDGE["gpt", optimizer] for optimizer in OPTIMIZER_SHARES}
 )
+# Muon (LR matched to AdamW's update RMS, ``optim.py``), measured (issue 34; drawn family
+# as gpt, 2x64, bytes, clip 1.0, momentum 0.95, warmup 100; 1,000-step pilots, not kept):
+# constant 0.02 and 0.06 trained (loss 1.74, 2.03 at the end); 0.2 and 0.6 collapsed
+# (onsets 189 and 80, attention one-hot); learned at 0.005 then re-warmed over 200 steps
+# from step 300: to 0.5, onset 323 (the LR at 0.062); to 0.15, onset 422 (at 0.093); to
+# 0.08, healthy (a 0.07-nat bump, recovered); constant 0.1 on the language of 128 ids only
+# plateaued (3.78 nats), as AdamW does. So 1.5x AdamW's edge: slow ramps end at
+# 0.12-0.24, safe ramps at 0.018-0.048
+MUON_EDGE = 0.06
+STABLE_EDGE.update({(family, "muon"): MUON_EDGE for family in (*FAMILY_SHARES, "drawn")})
 
 # (n_layer, d_model, seq_len)
 _SHAPES = ((2, 64, 64), (1, 64, 64), (3, 48, 64), (2, 96, 32), (2, 32, 64), (1, 48, 32))
@@ -234,6 +253,11 @@ def _nuisance(rng: np.random.Generator, steps: int, shape: tuple, optimizer: str
         # Chen et al. 2023: beta2 0.99 (0.98 for stability), weight decay 3-10x AdamW's
         knobs["beta2"] = _choice(rng, (0.98, 0.99))
         knobs["weight_decay"] = _choice(rng, (0.0, 0.1, 0.3))
+    elif optimizer == "muon":  # beta1: Muon's momentum (0.95 in torch and Jordan et al.);
+        # beta2 and the decoupled weight decay: AdamW's, on the embeddings and head
+        knobs["beta1"] = _choice(rng, (0.9, 0.95))
+        knobs["beta2"] = _choice(rng, (0.95, 0.99))
+        knobs["weight_decay"] = _choice(rng, (0.0, 0.01, 0.1))
     else:  # sgd: beta1 is the momentum; weight decay is an L2 term, so kept small
         knobs["beta1"] = _choice(rng, (0.8, 0.9, 0.95))
         knobs["weight_decay"] = _choice(rng, (0.0, 1e-4, 5e-4))
@@ -504,11 +528,14 @@ class Focus:
     recipes: tuple[str, ...] = ()  # empty: every recipe
     optimizers: tuple[str, ...] = ()  # empty: every optimizer
     families: tuple[str, ...] = ()  # empty: the three hand-written ones (FAMILY_SHARES)
+    # the breadth sweep (``breadth.py``: its own shares, Muon, every part of the ``drawn``
+    # family, nanogpt on larger models), narrowed by the fields above when they are set
+    breadth: bool = False
 
     def __post_init__(self) -> None:
         for field, chosen, known in (
             ("recipes", self.recipes, {**RECIPES, **TOP_UP_RECIPES}),
-            ("optimizers", self.optimizers, OPTIMIZER_SHARES),
+            ("optimizers", self.optimizers, {**OPTIMIZER_SHARES, **TOP_UP_OPTIMIZERS}),
             ("families", self.families, {**FAMILY_SHARES, **TOP_UP_FAMILIES}),
         ):
             unknown = sorted(set(chosen) - set(known))
@@ -521,9 +548,12 @@ class Focus:
     @property
     def tag(self) -> str:
         """``constant_high+slow_ramp.lion+sgd`` (``.drawn`` when families are chosen): part
-        of the focused sweep's run ids."""
+        of the focused sweep's run ids; ``breadth`` (``breadth.muon``...) for the breadth sweep."""
         chosen = (self.recipes, self.optimizers) + ((self.families,) if self.families else ())
-        return ".".join("+".join(names) or "all" for names in chosen)
+        tag = ".".join("+".join(names) or "all" for names in chosen)
+        if not self.breadth:
+            return tag
+        return "breadth" if tag == "all.all" else f"breadth.{tag}"
 
     def shares(self, stream: str, shares: dict[str, float]) -> dict[str, float]:
         """``shares`` of a stream, narrowed to the chosen names and summing to 1 again."""
@@ -541,19 +571,38 @@ def sample_config(
     """Config of run ``index`` of the sweep drawn with ``seed`` (a function of both only,
     and of ``focus`` when the sweep is narrowed to some recipes and optimizers)."""
     focus = focus or Focus()
+    if focus.breadth:
+        raise ValueError(
+            "the breadth sweep is drawn by collapse_guard.datasets.real.sample_config "
+            "(sweeps.py), not by the sampler's; call that one"
+        )
     rng = np.random.default_rng([seed, index])
     # top-up recipes only when chosen: an unfocused sweep draws exactly what it always did
     recipes = {**RECIPES, **TOP_UP_RECIPES} if focus.recipes else RECIPES
     families = {**FAMILY_SHARES, **TOP_UP_FAMILIES} if focus.families else FAMILY_SHARES
+    optimizers = {**OPTIMIZER_SHARES, **TOP_UP_OPTIMIZERS} if focus.optimizers else OPTIMIZER_SHARES
     recipe = _stratified(seed, index, "recipe", focus.shares("recipe", recipes))
     ctx = {
         "family": _stratified(seed, index, "family", focus.shares("family", families)),
-        "optimizer": _stratified(
-            seed, index, "optimizer", focus.shares("optimizer", OPTIMIZER_SHARES)
-        ),
+        "optimizer": _stratified(seed, index, "optimizer", focus.shares("optimizer", optimizers)),
         "data": _stratified(seed, index, "data", DATA_SHARES),
     }
     shape = _stratified(seed, index, "shape", _SHAPES, _SHAPE_P)
+    return draw_run(
+        rng, steps, recipe, ctx, shape, lambda d_model: _architecture(seed, index, d_model)
+    )
+
+
+def draw_run(
+    rng: np.random.Generator,
+    steps: int,
+    recipe: str,
+    ctx: dict,
+    shape: tuple,
+    architecture: Callable[[int], dict],
+) -> RealRunConfig:
+    """The config of one run whose recipe, family, optimizer, data and shape are drawn:
+    its knobs from ``rng``, then ``architecture(d_model)``'s parts for the drawn family."""
     knobs = _nuisance(rng, steps, shape, ctx["optimizer"])
     if ctx["family"] == "mha":
         knobs["qk_norm"] = False  # nn.MultiheadAttention has no place for it
@@ -564,14 +613,7 @@ def sample_config(
         knobs["qk_norm"] = False
     run_seed = int(rng.integers(2**31))
     if ctx["family"] == "drawn":
-        knobs.update(_architecture(seed, index, knobs["d_model"]))
+        knobs.update(architecture(knobs["d_model"]))
     # a recipe may run for steps of its own (nanogpt)
     knobs = {"steps": steps, **knobs}
     return RealRunConfig(recipe=recipe, seed=run_seed, vocab_size=vocab, **ctx, **knobs)
-
-
-def sample_configs(
-    n: int, seed: int = 0, steps: int = RealRunConfig.steps, focus: Focus | None = None
-) -> list[RealRunConfig]:
-    """The first ``n`` configs of the sweep drawn with ``seed`` (and ``focus``)."""
-    return [sample_config(seed, i, steps, focus) for i in range(n)]

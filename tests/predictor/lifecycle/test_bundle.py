@@ -87,11 +87,12 @@ def test_the_shipped_model_loads_and_is_small():
 
 
 def test_a_bundle_without_runs_is_one_line_and_exit_code_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()  # without --real it trains on the corpus pack, corpus/real
     with pytest.raises(SystemExit) as stopped:
-        bundle_cli.main(["--out", str(tmp_path / "model")])
+        bundle_cli.main(["--real", str(tmp_path / "empty"), "--out", str(tmp_path / "model")])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "fix: pass --real DIR" in err
+    assert err.count("\n") == 0 and f"no runs found under {tmp_path / 'empty'}" in err
     assert not (tmp_path / "model").exists()
 
 

@@ -18,7 +18,7 @@ COMMAND = str(Path(sys.executable).with_name("collapse-guard"))
     [
         (["--port", "abc"], "--port must be a whole number 1..65535; got 'abc'"),
         (["--poll", "5"], "--poll needs a models:/NAME@ALIAS model"),
-        (["--model", "/no/such/model"], "cannot load model '/no/such/model'"),
+        (["--model", "/no/such/model"], "/no/such/model does not exist"),
     ],
 )
 def test_bad_options_fail_in_one_line(args, words):

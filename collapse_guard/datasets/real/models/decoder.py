@@ -36,6 +36,12 @@ class ModelConfig:
     positions: str = "learned"  # or "rope", "alibi", "none"
     mlp: str = "gelu"  # or "swiglu"
     tied: bool = False  # the head shares the token embedding
+    attention: str = "mha"  # or "gqa" (n_head // 2 key/value heads), "mqa" (one)
+
+    @property
+    def n_kv_head(self) -> int:
+        """Key/value heads of ``attention``: all, half (at least one) or one."""
+        return {"mha": self.n_head, "gqa": max(1, self.n_head // 2), "mqa": 1}[self.attention]
 
     def to_dict(self) -> dict:
         return asdict(self)

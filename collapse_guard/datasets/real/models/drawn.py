@@ -3,9 +3,10 @@
 Where the three hand-written families fix their parts together (rotary positions
 always come with RMSNorm, SwiGLU and a tied head), this one takes each from the
 config (``ModelConfig.block``, ``norm``, ``pre_ln``, ``positions``, ``mlp``, ``tied``,
-``n_head``), so that a held-out evaluation can leave out one part (every ALiBi run,
-every parallel block) rather than one family. Attention always ends in
-``F.scaled_dot_product_attention`` (``layers.SelfAttention``): the probe sees it.
+``n_head``, ``attention``: how many key/value heads), so that a held-out evaluation
+can leave out one part (every ALiBi run, every parallel block) rather than one family.
+Attention always ends in ``F.scaled_dot_product_attention`` (``layers.SelfAttention``):
+the probe sees it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _attention(config: ModelConfig) -> SelfAttention:
         rotary=Rotary(head_dim, config.seq_len) if config.positions == "rope" else None,
         alibi=ALiBi(config.n_head, config.seq_len) if config.positions == "alibi" else None,
         dropout=config.dropout,
+        n_kv_head=config.n_kv_head,
     )
 
 

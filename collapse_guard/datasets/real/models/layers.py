@@ -70,6 +70,12 @@ class ALiBi(nn.Module):
 class SelfAttention(nn.Module):
     """Causal multi-head self-attention: one qkv projection, optional qk-norm and rotary.
 
+    ``n_kv_head`` below ``n_head`` shares each key/value head among a group of query heads
+    (grouped-query attention; 1: multi-query), repeated to every head before SDPA, as
+    Llama's ``repeat_kv`` does, so the probe's capture sees ordinary heads. Such a layer
+    projects as Llama does, ``q_proj``, ``k_proj`` and ``v_proj`` apart (the guard's
+    qk-clip reads its key/value heads from them; a fused ``qkv`` reads as thirds).
+
     ``norm`` builds the qk-norm layer (LayerNorm for the GPT, RMSNorm for the rotary
     family); ``qk_norm=False`` leaves q and k as projected, which lets attention logits
     grow without bound at high LR (Wortsman et al. 2023). ``alibi`` biases the logits by
@@ -87,16 +93,24 @@ class SelfAttention(nn.Module):
         alibi: ALiBi | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        n_kv_head: int | None = None,
     ):
         super().__init__()
-        if d_model % n_head:
+        n_kv_head = n_kv_head or n_head
+        if d_model % n_head or n_head % n_kv_head:
             raise ValueError(
-                f"d_model={d_model} is not divisible by n_head={n_head}; "
-                "pick d_model as a multiple of n_head"
+                f"d_model={d_model} must be a multiple of n_head={n_head}, and n_head of "
+                f"n_kv_head={n_kv_head}; pick them so"
             )
-        self.n_head = n_head
+        self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = d_model // n_head
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        if n_kv_head == n_head:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        else:
+            kv_width = n_kv_head * self.head_dim
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+            self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm(self.head_dim) if qk_norm else nn.Identity()
@@ -111,12 +125,16 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        # (batch, seq, width) -> (batch, head, seq, head_dim)
-        q, k, v = (
-            t.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v)
-        )
+        if self.n_kv_head == self.n_head:
+            q, k, v = self.qkv(x).split(width, dim=2)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # (batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.n_kv_head < self.n_head:
+            group = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         # looked up on F at call time: the probe's capture replaces it there
