@@ -151,10 +151,10 @@ def test_an_active_mlflow_run_gets_the_numbers_with_steps_and_none_is_started(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     experiment = client.create_experiment("guarded", artifact_location=tmp_path.as_uri())
-    guarded_run(tiny_guard(tmp_path / "no-run"), Trackers(), steps=10)  # default: MLflow
+    guarded_run(tiny_guard(tmp_path / "no-run"), Trackers([]), steps=10)  # the guard: MLflow
     assert mlflow.active_run() is None and client.search_runs([experiment]) == []
     with mlflow.start_run(experiment_id=experiment) as run:
-        guard = guarded_run(tiny_guard(tmp_path / "run"), Trackers(), 30, {3: "skip"})
+        guard = guarded_run(tiny_guard(tmp_path / "run"), Trackers([]), 30, {3: "skip"})
     run_id = run.info.run_id
     skips = client.get_metric_history(run_id, "guard/actions/skip")
     assert sorted((m.step, m.value) for m in skips) == [(10, 1.0), (20, 1.0), (30, 1.0)]
