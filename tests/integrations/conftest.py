@@ -35,3 +35,17 @@ def mlflow_uri(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     mlflow.MlflowClient(tracking_uri=uri).search_experiments()
     return uri
+
+
+@pytest.fixture
+def active_store(mlflow_uri, monkeypatch):
+    """The session's store as this test's tracking URI: the environment variable and
+    mlflow's own global, which an earlier test's ``mlflow.set_tracking_uri`` may have set
+    (it wins over the variable: the run would go to that test's store)."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    mlflow.set_tracking_uri(mlflow_uri)
+    yield mlflow_uri
+    mlflow.set_tracking_uri(before)

@@ -154,11 +154,11 @@ def test_the_guards_numbers_join_the_trainers_log_history_and_its_trackers(tmp_p
 @pytest.mark.slow  # the MLflow store's schema migration: 5-25 s on a shared machine
 @pytest.mark.filterwarnings("ignore:collapse-guard preflight")
 def test_the_mlflow_run_the_trainers_reporter_logs_to_gets_the_guards_numbers(
-    tmp_path, mlflow_uri, monkeypatch
+    tmp_path, active_store
 ):
     import mlflow
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    mlflow_uri = active_store
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     experiment = client.create_experiment("hf-guarded", artifact_location=tmp_path.as_uri())
     with mlflow.start_run(experiment_id=experiment) as run:  # the reporter logs into it

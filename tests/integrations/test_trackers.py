@@ -144,11 +144,11 @@ def test_a_summary_writer_gets_the_scalars_read_back_from_its_event_file(tmp_pat
 
 @pytest.mark.slow  # the store's schema migration: 5-25 s on a shared machine
 def test_an_active_mlflow_run_gets_the_numbers_with_steps_and_none_is_started(
-    tmp_path, mlflow_uri, monkeypatch
+    tmp_path, active_store
 ):
     import mlflow
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    mlflow_uri = active_store
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     experiment = client.create_experiment("guarded", artifact_location=tmp_path.as_uri())
     guarded_run(tiny_guard(tmp_path / "no-run"), Trackers([]), steps=10)  # the guard: MLflow
