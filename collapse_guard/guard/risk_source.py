@@ -47,6 +47,7 @@ from typing import Any
 
 from collapse_guard.predictor.core.hold import MAX_HOLD_STEPS, RiskHold
 from collapse_guard.predictor.core.levels import RISK_LEVELS, Level, thresholds_or_none
+from collapse_guard.predictor.core.version import content_version
 
 __all__ = [
     "MAX_HOLD_STEPS",
@@ -103,17 +104,14 @@ def _thresholds(values: Any) -> dict[str, float] | None:
 
 
 def model_version(model: Any) -> str | None:
-    """The version the service names ``model`` by (``_content_version`` of
-    service/server/model_state.py, a floor the guard does not import): its label, with its
-    content digest unless the label ends with it or the registry numbered it; None for a
+    """The version the service names ``model`` by (``predictor.core.version``); None for a
     stand-in without a version."""
     meta = getattr(model, "meta", None)
     if not isinstance(meta, dict) or "version" not in meta:
         return None
-    label, digest = str(meta["version"]), model.fingerprint()[:8]
     # a registry load stamps the version's run id and its models:/ source (predictor.core.store)
     numbered = "run_id" in meta and str(meta.get("source", "")).startswith("models:/")
-    return label if numbered or label.endswith(digest) else f"{label}+{digest}"
+    return content_version(model, numbered)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 the alarm levels they set), ``hold`` (the risk hold), ``recalibrate`` (levels on a user's
 own healthy runs: ``RiskModel.calibrate``), ``seen_runs``, ``store``, ``model_source``
 (where a model is loaded from) and ``model_file`` (the one loader of a model folder: files
-proved complete and parsed in a child first, levels and hold checked). Imports only
+proved complete and parsed in a child first, levels and hold checked), ``version`` (the
+name a model serves under). Imports only
 ``features``, ``runfiles`` and the shared leaves.
 """
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from collapse_guard.features import DEFAULT_WINDOW
 from collapse_guard.predictor.core.levels import RISK_LEVELS
+from collapse_guard.predictor.core.version import content_version
 from collapse_guard.service.client.wire import ModelInfo, SchemaInfo
 from collapse_guard.service.server.scoring import ServedModel
 from collapse_guard.service.server.windows import RunWindow, WindowBatch
@@ -179,12 +180,6 @@ def _info(scorer: ServedModel, source: str, alias: str | None) -> ModelInfo:
     )
 
 
-def _content_version(model: Any, numbered: bool) -> str:
-    label = str(model.meta["version"])
-    digest = model.fingerprint()[:8]
-    return label if numbered or label.endswith(digest) else f"{label}+{digest}"
-
-
 def _load_checked(source: str) -> tuple[Any, bool]:
     """The model of ``source``, its files checked and parsed by a child first
     (``RiskModel.load_folder``); and whether the registry numbered it (a registry
@@ -220,7 +215,7 @@ def load_serving(source: str | None) -> Serving:
     source = source or DEFAULT_SOURCE
     try:
         model, numbered = _load_checked(source)
-        scorer = ServedModel(model, str(model.meta["name"]), _content_version(model, numbered))
+        scorer = ServedModel(model, str(model.meta["name"]), content_version(model, numbered))
         probability = _check(scorer)
     except ModelLoadError as error:
         raise ModelLoadError(f"model {source!r} failed its check: {error}") from None
