@@ -96,13 +96,6 @@ def read_answer(result: Any) -> tuple[float, Level, int]:
     return float(p), Level.parse(level), hold
 
 
-def _thresholds(values: Any) -> dict[str, float] | None:
-    """The service's levels under the one rule for levels (``check_thresholds``: numbers,
-    not strings or booleans, finite, in (0, 1], rising); None when they break it (untrusted:
-    a level at NaN or over 1 would switch its alarm off)."""
-    return thresholds_or_none(values)
-
-
 def model_version(model: Any) -> str | None:
     """The version the service names ``model`` by (``predictor.core.version``); None for a
     stand-in without a version."""
@@ -256,7 +249,7 @@ class ServiceSource:
         )
 
     def _levels_against(self, served: str) -> str:
-        ours = _thresholds(getattr(self.fallback.model, "thresholds", None))
+        ours = thresholds_or_none(getattr(self.fallback.model, "thresholds", None))
         theirs = self._levels.get(served)
         if ours is None or theirs is None:
             return "its levels may differ (the served model's were not read from /model)"
@@ -325,11 +318,11 @@ class ServiceSource:
             try:
                 info = self.client.model_info()
                 if getattr(info, "version", None) == version:
-                    found = _thresholds(getattr(info, "thresholds", None))
+                    found = thresholds_or_none(getattr(info, "thresholds", None))
             except Exception:  # no /model (a stand-in, an older service): the fallback's levels
                 found = None
             self._levels[version] = found
-        return self._levels[version] or _thresholds(
+        return self._levels[version] or thresholds_or_none(
             getattr(self.fallback.model, "thresholds", None)
         )
 

@@ -378,7 +378,8 @@ def test_the_guard_and_the_client_read_hold_steps_with_one_bound():
 
 
 def test_thresholds_from_the_service_are_numbers_in_0_1_rising_or_none():
-    from collapse_guard.guard.risk_source import _thresholds
+    # the guard reads a service's levels through the one level rule
+    from collapse_guard.predictor.core.levels import thresholds_or_none as _thresholds
 
     good = {"watch": 0.1, "warn": 0.2, "critical": 0.3}
     assert _thresholds(good) == good
