@@ -40,15 +40,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/features_speed.py
 
 # Rebuilds the bundled model (collapse_guard/predictor/default_model, < 5 MB) from the real
-# runs in REAL, by default the corpus pack in the repository (corpus/README.md), so a fresh
-# clone rebuilds it from the repo alone (about 70 s on the loaded 2-core machine, 160 runs);
-# no synthetic runs (they did not help on held-out families; SYNTHETIC=400 adds them):
-#   make default-model                          # from corpus/real
-#   make default-model REAL=data/real OUT=/tmp/model   # another folder, into a scratch folder
+# runs in REAL, by default the whole corpus pack in the repository (every folder of run files
+# under corpus/: corpus/README.md), so a fresh clone rebuilds it from the repo alone; no
+# synthetic runs (they did not help on held-out families; SYNTHETIC=400 adds them):
+#   make default-model                                  # from corpus/real and corpus/breadth
+#   make default-model REAL="data/real data/more" OUT=/tmp/model   # other folders, a scratch folder
 # It refuses a data set with fewer runs or collapses than the model it replaces: FORCE=1.
-REAL ?= corpus/real
 default-model: $(STAMP)
-	$(BIN)/python -m collapse_guard.predictor.cli.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic --real $(REAL)$(if $(OUT), --out $(OUT))$(if $(FORCE), --force)
+	$(BIN)/python -m collapse_guard.predictor.cli.bundle --synthetic $(or $(SYNTHETIC),0) --work data/bundle-synthetic$(foreach d,$(REAL), --real $(d))$(if $(OUT), --out $(OUT))$(if $(FORCE), --force)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

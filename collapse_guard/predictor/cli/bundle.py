@@ -1,8 +1,9 @@
 """``python -m collapse_guard.predictor.cli.bundle`` (``make default-model``): the bundled
 model rebuilt (``lifecycle.bundle``) and its test-split evaluation printed.
 
-Without ``--real`` it trains on the corpus pack of a source checkout (``corpus/real``,
-corpus/README.md), so a fresh clone rebuilds the model from the repository alone."""
+Without ``--real`` it trains on the whole corpus pack of a source checkout (every folder of
+run files under ``corpus/``: ``real``, ``breadth``; corpus/README.md), so a fresh clone
+rebuilds the model from the repository alone."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from pathlib import Path
 from collapse_guard.errors import UserInputError, print_error
 from collapse_guard.predictor.lifecycle import bundle
 
-__all__ = ["CORPUS_PACK", "main"]
+__all__ = ["CORPUS_PACK", "corpus_folders", "main"]
 
 # the run files kept in the repository; absent from an installed package
-CORPUS_PACK = Path(__file__).resolve().parents[3] / "corpus" / "real"
+CORPUS_PACK = Path(__file__).resolve().parents[3] / "corpus"
+
+
+def corpus_folders(pack: Path = CORPUS_PACK) -> list[Path]:
+    """The pack's folders that hold run files, in name order (none outside a checkout)."""
+    if not pack.is_dir():
+        return []
+    return [d for d in sorted(pack.iterdir()) if d.is_dir() and any(d.glob("*.parquet"))]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -42,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help=f"folder of real run files; repeat for more (default: {CORPUS_PACK}, if there)",
+        help=f"folder of real run files; repeat for more (default: every folder under {CORPUS_PACK})",
     )
     parser.add_argument(
         "--out",
@@ -64,8 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="replace the model in --out even with one trained on fewer runs or collapses",
     )
     args = parser.parse_args(argv)
-    if not args.real and CORPUS_PACK.is_dir():
-        args.real = [CORPUS_PACK]
+    args.real = args.real or corpus_folders()
     console = Console()
     try:
         result = bundle.build_default_model(
