@@ -322,19 +322,23 @@ def signal_group_ablation(
     *,
     by: str = "family",
     drop: Iterable[str] | None = None,
+    extra_context: Iterable[str] = (),
     progress=None,
     **settings,
 ) -> pd.DataFrame:
     """The model with every signal, then without each signal group of ``drop`` (default:
-    every group the model reads), each trained and tested leave-one-``by``-out
+    every group the model reads), then with each opt-in context field of
+    ``extra_context`` (``features.context_fields.OPT_IN_CONTEXT``) and, for several, with
+    all of them; each trained and tested leave-one-``by``-out
     (``training.holdout.leave_one_group_out``, no baselines; ``config`` and ``settings``
     as there).
 
-    One row per variant (``signals``: ``all``, ``without <group>``): ``n_signals``, then the
-    mean over held-out groups of the model at its stored warn level: ``recall``,
-    ``median_lead``, ``fa_per_10k``, and inside LR rises and outside
-    (``evaluate.rises``): ``inside_fa_per_10k``, ``inside_roc_auc``,
-    ``outside_fa_per_10k``, ``outside_roc_auc``.
+    One row per variant (``signals``: ``all``, ``without <group>``, ``with <field>``,
+    ``with extra context``): ``n_signals``, then the mean over held-out groups of the
+    model at its stored warn level: ``recall``, ``median_lead``, ``fa_per_10k``;
+    ``develops_recall``, the collapses that develop caught (pooled over the folds); and
+    inside LR rises and outside (``evaluate.rises``): ``inside_fa_per_10k``,
+    ``inside_roc_auc``, ``outside_fa_per_10k``, ``outside_roc_auc``.
     """
     from collapse_guard.predictor.evaluate import fold_rise_frame
     from collapse_guard.predictor.training.config import TrainConfig
@@ -350,27 +354,42 @@ def signal_group_ablation(
             f"drop names signal groups the model does not read: {unknown}; "
             f"it reads {present}. Fix: drop some of those"
         )
-    variants = {"all": config.signals} | {
-        f"without {g}": tuple(s for s in config.signals if group_of.get(s) != g) for g in drop
+    variants = {"all": config} | {
+        f"without {g}": config.replace(
+            signals=tuple(s for s in config.signals if group_of.get(s) != g)
+        )
+        for g in drop
     }
+    extra = tuple(extra_context)
+    variants |= {f"with {n}": config.replace(extra_context=(n,)) for n in extra}
+    if len(extra) > 1:
+        variants["with extra context"] = config.replace(extra_context=extra)
     rates = ("inside_fa_per_10k", "inside_roc_auc", "outside_fa_per_10k", "outside_roc_auc")
     runs = list(runs)
     rows = []
-    for name, signals in variants.items():
+    for name, variant in variants.items():
         if progress is not None:
-            progress(f"ablation: {name} ({len(signals)} signals)")
-        holdout = leave_one_group_out(
-            runs, config.replace(signals=signals), by=by, baselines=False, progress=progress
-        )
+            progress(f"ablation: {name} ({len(variant.signals)} signals)")
+        holdout = leave_one_group_out(runs, variant, by=by, baselines=False, progress=progress)
         frame = holdout.frame()
         mean = frame[(frame["group"] == "mean") & (frame["scorer"] == "model")].iloc[0]
         rise = fold_rise_frame(holdout.folds).iloc[-1]
         rows.append(
             {
                 "signals": name,
-                "n_signals": len(signals),
+                "n_signals": len(variant.signals),
                 **{k: mean[k] for k in ("recall", "median_lead", "fa_per_10k")},
+                "develops_recall": _develops_recall(holdout),
                 **{k: rise[k] for k in rates},
             }
         )
     return pd.DataFrame(rows)
+
+
+def _develops_recall(holdout) -> float:
+    """The collapses that develop caught by the model at its stored warn level, over every
+    fold's held-out runs (NaN when there are none)."""
+    counts = holdout.group_counts("onset")
+    if "develops" not in counts.index or not counts.loc["develops", ("all", "n")]:
+        return math.nan
+    return counts.loc["develops", ("all", "caught")] / counts.loc["develops", ("all", "n")]

@@ -2,7 +2,8 @@
 
     python benchmarks/predictor_eval.py --runs DIR [--runs DIR ...] [--model SOURCE]
         [--leave-one-out family|optimizer|data] [--no-synthetic] [--gain K]
-        [--budget FA] [--separability] [--ablate all|GROUP,GROUP] [--markdown]
+        [--budget FA] [--separability] [--ablate all|GROUP,GROUP]
+        [--extra-context all|FIELD,FIELD] [--markdown]
 
 Scored: only the runs the model never trained or validated on (their ids are stored in
 the model's meta); its training and validation runs among those given fit the learned
@@ -33,7 +34,10 @@ Printed:
    and each fold's model inside LR rises and outside (``holdout_rise_rows``);
 7. with ``--ablate``: the model with every signal, then without each signal group named
    (``all``: every group it reads), each leave-one-out (``--leave-one-out``'s grouping,
-   else family), inside LR rises and outside (``group_leads.signal_group_ablation``).
+   else family), inside LR rises and outside (``group_leads.signal_group_ablation``);
+   ``--extra-context`` adds the model with each opt-in run-context field named
+   (``all``: every one of ``features.context_fields.OPT_IN_CONTEXT``), and with all of
+   them; alone (without ``--ablate``) it runs only those beside the model as it is.
 
 Targets (issue 8, held-out families, at the stored `warn` level): recall >= 0.8 of the
 collapses that develop, median lead >= 50 steps, <= 1 false alarm per 10k healthy steps;
@@ -428,16 +432,22 @@ def _print_separability(console, records, model, md: list[str]) -> None:
 
 
 def _print_ablation(console, records, args, md: list[str]) -> None:
-    """The model with every signal and without each signal group named by ``--ablate``,
-    leave-one-out, inside LR rises and outside."""
+    """The model with every signal, without each signal group named by ``--ablate`` and
+    with each opt-in context field named by ``--extra-context``, leave-one-out, inside LR
+    rises and outside."""
     from group_leads import signal_group_ablation
+
+    from collapse_guard.features.context_fields import OPT_IN_CONTEXT
 
     by = args.leave_one_out or "family"
     runs = records if args.synthetic else [r for r in records if r.meta.source != "synthetic"]
+    drop = [] if not args.ablate else None if args.ablate == "all" else args.ablate.split(",")
+    extra = args.extra_context or ""
     table = signal_group_ablation(
         runs,
         by=by,
-        drop=None if args.ablate == "all" else args.ablate.split(","),
+        drop=drop,
+        extra_context=OPT_IN_CONTEXT if extra == "all" else [n for n in extra.split(",") if n],
         eval_budget_per_10k=args.budget,
         progress=console.log,
     )
@@ -480,6 +490,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="GROUPS",
         help="also train leave-one-out without each signal group (comma list, or 'all'), "
         "read inside LR rises and outside",
+    )
+    parser.add_argument(
+        "--extra-context",
+        default=None,
+        metavar="FIELDS",
+        help="ablation: also train leave-one-out with each opt-in run-context field (comma "
+        "list, or 'all'; features.context_fields.OPT_IN_CONTEXT) and with all of them",
     )
     parser.add_argument(
         "--no-synthetic",
@@ -638,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             holdout_rise_rows(holdout),
             md,
         )
-    if args.ablate:
+    if args.ablate or args.extra_context:
         _print_ablation(console, records, args, md)
     if args.markdown:
         print("\n" + "\n".join(md))

@@ -28,6 +28,7 @@ import numpy as np
 from collapse_guard.features.context_fields import (
     CONTEXT_FIELDS,
     CONTEXT_SIGNALS,
+    OPT_IN_CONTEXT,
     context_names,
 )
 from collapse_guard.features.context_kernel import (
@@ -40,7 +41,7 @@ from collapse_guard.features.context_kernel import (
 from collapse_guard.features.schema import FeatureSchema
 from collapse_guard.signals import SIGNAL_NAMES
 
-__all__ = ["RunContext", "context_vector", "run_context"]
+__all__ = ["RunContext", "context_vector", "opt_in_of", "run_context"]
 
 _INDEX = {name: i for i, (name, _) in enumerate(CONTEXT_FIELDS)}
 _KNOWN_KEYS = frozenset(SIGNAL_NAMES) | {"step", "event"}  # a run file's row as a dict
@@ -50,10 +51,11 @@ _DECAY = decays()
 
 
 @lru_cache(maxsize=32)
-def _layout(signals: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
-    """The context fields of a schema's signals and their positions among the emitted
-    fields (cached: a streaming window builds an accumulator per call)."""
-    names = context_names(signals)
+def _layout(signals: tuple[str, ...], extra: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The context fields of a schema's signals (and opt-in ``extra``) and their
+    positions among the emitted fields (cached: a streaming window builds an accumulator
+    per call)."""
+    names = context_names(signals, extra)
     return names, np.array([_INDEX[n] for n in names], dtype=np.int64)
 
 
@@ -62,7 +64,8 @@ class RunContext:
 
     Args:
         signals: the signals of the feature schema (the fields whose signals are among
-            them are kept, as ``context_names(signals)``); default every signal.
+            them are kept, as ``context_names(signals, extra)``); default every signal.
+        extra: opt-in fields to keep too (``context_fields.OPT_IN_CONTEXT``); default none.
 
     ``update(step, values)`` takes a probe record (signal name -> float, NaN = not
     measured; signals it does not read are ignored) and returns self; ``get()`` gives
@@ -71,14 +74,14 @@ class RunContext:
     the context back too).
     """
 
-    def __init__(self, signals: Sequence[str] = SIGNAL_NAMES) -> None:
-        self.names, self._pick = _layout(tuple(signals))
+    def __init__(self, signals: Sequence[str] = SIGNAL_NAMES, extra: Sequence[str] = ()) -> None:
+        self.names, self._pick = _layout(tuple(signals), tuple(extra))
         self.reset()
 
     @classmethod
     def from_schema(cls, schema: FeatureSchema) -> RunContext:
         """The accumulator of a feature schema's context fields (``schema.context``)."""
-        ctx = cls(schema.signals)
+        ctx = cls(schema.signals, opt_in_of(schema.context))
         if ctx.names != tuple(schema.context):
             raise ValueError(
                 f"schema {schema.fingerprint} has context fields {list(schema.context)}; this "
@@ -173,8 +176,17 @@ class RunContext:
         return f"RunContext(fields={len(self.names)}, step={self.step})"
 
 
+def opt_in_of(names: Sequence[str]) -> tuple[str, ...]:
+    """The opt-in fields among context field ``names`` (what a schema asked for)."""
+    return tuple(n for n in names if n in OPT_IN_CONTEXT)
+
+
 def run_context(
-    signals: Sequence[str], steps: np.ndarray, values: np.ndarray, ends: np.ndarray
+    signals: Sequence[str],
+    steps: np.ndarray,
+    values: np.ndarray,
+    ends: np.ndarray,
+    extra: Sequence[str] = (),
 ) -> np.ndarray:
     """The context at each of ``ends`` (sorted steps) of a whole run: a fresh
     :class:`RunContext` fed every row, read at each end.
@@ -184,11 +196,12 @@ def run_context(
         steps: strictly increasing int64 steps of the run's rows.
         values: ``(len(CONTEXT_SIGNALS), rows)`` float64, NaN = not measured.
         ends: sorted int64 steps; each end's fields use the rows with step <= end.
+        extra: the opt-in fields to keep too.
 
     Returns:
-        ``(len(ends), len(context_names(signals)))`` float64.
+        ``(len(ends), len(context_names(signals, extra)))`` float64.
     """
-    ctx = RunContext(signals)
+    ctx = RunContext(signals, extra)
     return ctx._feed(
         np.ascontiguousarray(steps, dtype=np.int64),
         np.ascontiguousarray(values, dtype=np.float64),

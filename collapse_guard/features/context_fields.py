@@ -40,7 +40,30 @@ field                                why a window cannot know it
 ``ctx__attn_logit_max_over_early``   largest attention logit / early: the classic instability
                                      grows over hundreds of steps
 ``ctx__output_logit_max_over_early`` largest output logit / early: output divergence, as slow
+``ctx__loss_per_log_lr_rise``        opt-in (below): log(smoothed loss now / at the reference) /
+                                     log(top LR of the rise / LR at the reference): how the loss
+                                     answers the LR's climb. <= 0: the run absorbs the rise (the
+                                     loss keeps falling or holds); > 0: it turns up per e-fold
+                                     of LR
+``ctx__grad_norm_per_log_lr_rise``   opt-in: the same for the smoothed grad norm
 ===================================  =============================================================
+
+**The rise response** (the last two fields). A rise begins at a row whose LR rose after
+the LR had held or fallen for :data:`LR_SETTLE_ROWS` rows (or at the run's first rise,
+the warm-up); its reference is the row before it (the LR before the climb, the loss that
+had not felt it yet). While the LR keeps rising, the reference moves up the rise so that
+it stays between :data:`RESPONSE_STEPS` and twice that many steps back: the response of
+the latest stretch of the climb, not of the whole rise (a warm-up's early fall of the loss
+would hide a late turn up). Once the rise is over the reference holds, so the field goes
+on reading the loss against the climb for :data:`~collapse_guard.features.rises.RISE_STEPS`
+steps after the LR last rose (the evaluation's "inside an LR rise"), NaN after them and
+NaN until the LR has climbed a share :data:`MIN_LOG_LR_CLIMB` (in log) above the
+reference. Ratios of logs: free of the loss's scale (log vocabulary) and of the model's
+grad-norm level.
+
+The two are **opt-in** (:data:`OPT_IN_CONTEXT`): a schema has them only when asked for
+(``extra_context``), so every model trained before them keeps its schema, fingerprint and
+risk to the bit; ``benchmarks/predictor_eval.py --extra-context`` trains with them.
 """
 
 from __future__ import annotations
@@ -53,6 +76,10 @@ __all__ = [
     "EARLY_STEPS",
     "LONG_SPAN",
     "LOSS_SMOOTH_STEPS",
+    "LR_SETTLE_ROWS",
+    "MIN_LOG_LR_CLIMB",
+    "OPT_IN_CONTEXT",
+    "RESPONSE_STEPS",
     "SHORT_SPAN",
     "TRACKED",
     "context_names",
@@ -77,6 +104,16 @@ EARLY_STEPS = 200
 SHORT_SPAN = 10  # steps; "now", as the window's short EWMA
 LONG_SPAN = 1000  # steps; five windows: the run's long-run level
 LOSS_SMOOTH_STEPS = 10.0  # time constant of the loss's smoothing, as the label's
+# A rise counts as a re-warm (against the peak before it), and a rise response starts
+# afresh, once the LR has held or fallen for this many rows in a row: a warm-up that
+# repeats a value once is still warm-up.
+LR_SETTLE_ROWS = 10.0
+# The rise response's reference sits 50-100 steps back in the rise: the smoothed loss
+# (time constant 10 steps) has answered by then, and a quarter of a horizon is "recent".
+RESPONSE_STEPS = 50.0
+# log(1.02): a climb of 2 % at least, so that the smoothed loss's noise (about 0.5 % at
+# time constant 10) moves the ratio by well under 1
+MIN_LOG_LR_CLIMB = 0.0198
 
 # (field, the signals it needs), in feature order: the kernel emits them in this order
 CONTEXT_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -92,10 +129,25 @@ CONTEXT_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ctx__param_norm_over_early", ("param_norm",)),
     ("ctx__attn_logit_max_over_early", ("attn_logit_max",)),
     ("ctx__output_logit_max_over_early", ("output_logit_max",)),
+    ("ctx__loss_per_log_lr_rise", ("lr", "loss")),
+    ("ctx__grad_norm_per_log_lr_rise", ("lr", "grad_norm")),
 )
+# Fields a schema has only when asked for (module docstring); the others are the default.
+OPT_IN_CONTEXT: tuple[str, ...] = ("ctx__loss_per_log_lr_rise", "ctx__grad_norm_per_log_lr_rise")
 
 
-def context_names(signals: Sequence[str]) -> tuple[str, ...]:
+def context_names(signals: Sequence[str], extra: Sequence[str] = ()) -> tuple[str, ...]:
     """The context fields computed for a schema of ``signals`` (those whose signals it
-    has), in feature order."""
-    return tuple(name for name, needs in CONTEXT_FIELDS if all(s in signals for s in needs))
+    has), in feature order: the default ones and the opt-in fields named in ``extra``."""
+    unknown = sorted(set(extra) - set(OPT_IN_CONTEXT))
+    if unknown:
+        raise ValueError(
+            f"extra context fields must be opt-in fields {list(OPT_IN_CONTEXT)}; got "
+            f"{unknown}; the other context fields are always there"
+        )
+    wanted = set(extra)
+    return tuple(
+        name
+        for name, needs in CONTEXT_FIELDS
+        if (name not in OPT_IN_CONTEXT or name in wanted) and all(s in signals for s in needs)
+    )

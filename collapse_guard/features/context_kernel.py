@@ -10,7 +10,9 @@ float64 in memory, exactly what the compiled code holds).
 
 State (all float64 so that it is one kind of array, saved as plain lists):
 
-- ``run`` (:data:`RUN_SLOTS`): first and last step, the LR's history, the best loss;
+- ``run`` (:data:`RUN_SLOTS`): first and last step, the LR's history, the best loss,
+  the current rise's top LR and its two anchors (step, log LR, log smoothed loss and
+  grad norm: the reference and the next one, ``context_fields``, "The rise response");
 - ``tracks`` ``(len(TRACKED), len(TRACK_SLOTS))``: per tracked signal its short and
   long EWMA sums and weights, the step of its last value, its early values' count, its
   early reference and whether that is settled;
@@ -33,10 +35,13 @@ from collapse_guard.features.context_fields import (
     EARLY_STEPS,
     LONG_SPAN,
     LOSS_SMOOTH_STEPS,
+    LR_SETTLE_ROWS,
+    MIN_LOG_LR_CLIMB,
+    RESPONSE_STEPS,
     SHORT_SPAN,
     TRACKED,
 )
-from collapse_guard.features.rises import LR_RISE_TOL
+from collapse_guard.features.rises import LR_RISE_TOL, RISE_STEPS
 
 __all__ = [
     "N_FIELDS",
@@ -63,6 +68,16 @@ RUN_SLOTS: tuple[str, ...] = (
     "lr_prior_peak",  # highest LR before the latest re-warm
     "loss_best",  # best smoothed loss
     "loss_best_step",
+    "rise_top",  # highest LR since the current rise began
+    # the rise response's anchors: the reference, and the next one it moves up to
+    "ref_step",
+    "ref_log_lr",
+    "ref_log_loss",
+    "ref_log_grad",
+    "next_step",
+    "next_log_lr",
+    "next_log_loss",
+    "next_log_grad",
 )
 TRACK_SLOTS: tuple[str, ...] = (
     "short_sum",
@@ -84,6 +99,9 @@ _LR_RISE_STEP, _LR_HELD, _LR_SETTLED, _LR_IN_RISE, _LR_PRIOR = (
     _R[k] for k in ("lr_rise_step", "lr_held", "lr_settled", "lr_in_rise", "lr_prior_peak")
 )
 _BEST, _BEST_STEP = _R["loss_best"], _R["loss_best_step"]
+_TOP, _REF_AT, _NEXT_AT = _R["rise_top"], _R["ref_step"], _R["next_step"]
+# an anchor is 4 slots from its step: step, log LR, log loss, log grad norm
+_A_LR, _A_LOSS, _A_GRAD = 1, 2, 3
 _SS, _SW, _LS, _LW, _TLAST, _NEARLY, _REF, _SETTLED = range(len(TRACK_SLOTS))
 _LOSS, _GRAD = TRACKED.index("loss"), TRACKED.index("grad_norm")
 _EARLY_RATIOS = np.array(
@@ -95,9 +113,10 @@ _EARLY = float(EARLY_STEPS)
 # recompute the LR each step jitter in the last bits without rising (features/rises.py,
 # the evaluation's "inside an LR rise", uses the same share).
 _LR_RISE_TOL = LR_RISE_TOL
-# A rise counts as a re-warm (against the peak before it) once the LR has held or fallen
-# for this many rows in a row: a warm-up that repeats a value once is still warm-up.
-_LR_SETTLE_ROWS = 10.0
+_LR_SETTLE_ROWS = LR_SETTLE_ROWS
+_RESPONSE_STEPS = RESPONSE_STEPS
+_MIN_CLIMB = MIN_LOG_LR_CLIMB
+_RISE_STEPS = float(RISE_STEPS)
 
 _JIT = {"cache": True, "error_model": "numpy"}
 
@@ -115,6 +134,8 @@ _EMITTED = (
     "ctx__param_norm_over_early",
     "ctx__attn_logit_max_over_early",
     "ctx__output_logit_max_over_early",
+    "ctx__loss_per_log_lr_rise",
+    "ctx__grad_norm_per_log_lr_rise",
 )
 if tuple(name for name, _ in CONTEXT_FIELDS) != _EMITTED:
     raise ImportError("context_fields.CONTEXT_FIELDS and context_kernel.emit disagree on order")
@@ -166,9 +187,18 @@ def advance(run, tracks, early, decay, steps, values, ends, out):
         t = float(steps[i])
         if math.isnan(run[_FIRST]):
             run[_FIRST] = t
+        prev_t = run[_LAST]
         run[_LAST] = t
-        if math.isfinite(values[0, i]):
+        lr_row = math.isfinite(values[0, i])
+        if lr_row:
+            held, prev_lr = run[_LR_HELD], run[_LR]
             _lr(run, t, values[0, i])
+            if run[_LR_RISE_STEP] == t and (
+                math.isnan(run[_REF_AT]) or held >= _LR_SETTLE_ROWS
+            ):  # a new rise: its reference is the row before the climb (tracks not fed yet)
+                _anchor(run, _NEXT_AT, prev_t, prev_lr, tracks)
+                _copy_anchor(run, _NEXT_AT, _REF_AT)
+                run[_TOP] = prev_lr
         early_row = t < run[_FIRST] + _EARLY
         for c in range(tracks.shape[0]):
             if not early_row and tracks[c, _SETTLED] == 0.0:  # once per signal: the
@@ -199,6 +229,8 @@ def advance(run, tracks, early, decay, steps, values, ends, out):
             if not smooth >= run[_BEST]:  # NaN best: the first one
                 run[_BEST] = smooth
                 run[_BEST_STEP] = t
+        if lr_row and math.isfinite(run[_REF_AT]) and run[_LR_HELD] < _LR_SETTLE_ROWS:
+            _climb(run, t, values[0, i], tracks)
     while j < len(ends):
         emit(run, tracks, early, float(ends[j]), out[j])
         j += 1
@@ -228,6 +260,47 @@ def _lr(run, t, v):
     if not v <= run[_LR_PEAK]:  # NaN peak: the first value
         run[_LR_PEAK] = v
     run[_LR] = v
+
+
+@numba.njit(**_JIT, inline="always")
+def _log_pos(x):
+    return math.log(x) if x > 0.0 and math.isfinite(x) else math.nan
+
+
+@numba.njit(**_JIT, inline="always")
+def _anchor(run, at, t, lr, tracks):
+    """Write an anchor at slot ``at``: step ``t``, the LR ``lr`` and the smoothed loss and
+    grad norm as the tracks stand, as logs (NaN where not positive)."""
+    run[at] = t
+    run[at + _A_LR] = _log_pos(lr)
+    run[at + _A_LOSS] = _log_pos(_short(tracks, _LOSS))
+    run[at + _A_GRAD] = _log_pos(_short(tracks, _GRAD))
+
+
+@numba.njit(**_JIT, inline="always")
+def _copy_anchor(run, src, dst):
+    for k in range(4):
+        run[dst + k] = run[src + k]
+
+
+@numba.njit(**_JIT, inline="always")
+def _usable(run, at):
+    return math.isfinite(run[at + _A_LR]) and math.isfinite(run[at + _A_LOSS])
+
+
+@numba.njit(**_JIT, inline="always")
+def _climb(run, t, lr, tracks):
+    """A row of an open rise (tracks fed): the top LR, and the anchors moved up so that
+    the reference stays RESPONSE_STEPS to twice that back (an unusable one, a warm-up from
+    LR 0 or before the first loss, is replaced by this row at once)."""
+    if not lr <= run[_TOP]:  # NaN top: a rise from no LR
+        run[_TOP] = lr
+    if not _usable(run, _NEXT_AT) or t - run[_NEXT_AT] >= _RESPONSE_STEPS:
+        if _usable(run, _NEXT_AT):
+            _copy_anchor(run, _NEXT_AT, _REF_AT)
+        _anchor(run, _NEXT_AT, t, lr, tracks)
+    if not _usable(run, _REF_AT):
+        _copy_anchor(run, _NEXT_AT, _REF_AT)
 
 
 @numba.njit(**_JIT)
@@ -278,3 +351,12 @@ def emit(run, tracks, early, now, out):
     for k in range(len(_EARLY_RATIOS)):
         c = _EARLY_RATIOS[k]
         out[9 + k] = _ratio(_short(tracks, c), _early_ref(run, tracks, early, c, now))
+    # the rise response: inside a rise (RISE_STEPS since the LR last rose), once the LR
+    # has climbed MIN_LOG_LR_CLIMB above the reference
+    climb = _log_pos(run[_TOP]) - run[_REF_AT + _A_LR]
+    if now - run[_LR_RISE_STEP] < _RISE_STEPS and climb >= _MIN_CLIMB:
+        out[12] = (_log_pos(loss) - run[_REF_AT + _A_LOSS]) / climb
+        out[13] = (_log_pos(_short(tracks, _GRAD)) - run[_REF_AT + _A_GRAD]) / climb
+    else:
+        out[12] = math.nan
+        out[13] = math.nan

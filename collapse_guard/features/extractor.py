@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from collapse_guard.features.context import context_vector, run_context
+from collapse_guard.features.context import context_vector, opt_in_of, run_context
 from collapse_guard.features.context_fields import CONTEXT_SIGNALS
 from collapse_guard.features.schema import FEATURE_VERSION, FeatureSchema, FeatureSchemaError
 from collapse_guard.features.stats import grid_features, window_features
@@ -56,6 +56,8 @@ class FeatureExtractor:
     Args:
         window: steps per window (>= 2).
         signals: signal names, in feature order; default every canonical signal.
+        extra_context: opt-in run-context fields to compute too
+            (``context_fields.OPT_IN_CONTEXT``); default none.
 
     Frames are ``step`` plus any signal columns (missing signals give NaN features;
     columns that are not signals, like ``event``, are ignored). See
@@ -63,7 +65,12 @@ class FeatureExtractor:
     :mod:`collapse_guard.features.windows` for the window rule.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW, signals: Sequence[str] = SIGNAL_NAMES):
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        signals: Sequence[str] = SIGNAL_NAMES,
+        extra_context: Sequence[str] = (),
+    ):
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 2:
             raise ValueError(
                 f"window must be an integer >= 2 (steps); got {window!r}; "
@@ -82,7 +89,8 @@ class FeatureExtractor:
                 raise ValueError(exc.args[0]) from None
         self.window = int(window)
         self.signals = signals
-        self.schema = FeatureSchema.build(self.window, signals)
+        self.schema = FeatureSchema.build(self.window, signals, tuple(extra_context))
+        self.extra_context = opt_in_of(self.schema.context)
         # the context's input rows that this extractor's signals supply (others NaN)
         self._ctx_signals = tuple(s for s in CONTEXT_SIGNALS if s in signals)
         self._ctx_rows = np.array([signals.index(s) for s in self._ctx_signals], dtype=np.int64)
@@ -99,7 +107,7 @@ class FeatureExtractor:
                 f"this code computes version {FEATURE_VERSION}; retrain the model or install "
                 "the collapse-guard release that made it"
             )
-        extractor = cls(schema.window, schema.signals)
+        extractor = cls(schema.window, schema.signals, opt_in_of(schema.context))
         schema.validate(extractor.schema.names)
         return extractor
 
@@ -224,10 +232,10 @@ class FeatureExtractor:
         """The context at sorted ``ends`` from the rows of this extractor's context
         signals (``present``: one row per ``_ctx_signals``)."""
         if len(self._ctx_slots) == len(CONTEXT_SIGNALS):  # all there, in that order
-            return run_context(self.signals, steps, present, ends)
+            return run_context(self.signals, steps, present, ends, self.extra_context)
         values = np.full((len(CONTEXT_SIGNALS), len(steps)), np.nan)
         values[self._ctx_slots] = present
-        return run_context(self.signals, steps, values, ends)
+        return run_context(self.signals, steps, values, ends, self.extra_context)
 
     def _one(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         grid = self._last_grid(steps, values)

@@ -33,7 +33,10 @@ Every feature of a signal with no measurement in the window is NaN (never 0: Lig
 reads NaN as missing). ``<s>__frac_over`` exists only for signals read as levels with a
 seed threshold (``Signal.has_threshold``); the ``dsi__*`` features exist only when all
 three DSI signals are in the schema's signals; a ``ctx__`` field exists when the
-signals it reads are in the schema's signals.
+signals it reads are in the schema's signals, and an opt-in one
+(``context_fields.OPT_IN_CONTEXT``) only when the schema was built with it
+(``extra_context``): a stored schema lists its context fields, so one without them
+keeps its fields, fingerprint and values.
 """
 
 from __future__ import annotations
@@ -124,9 +127,10 @@ def window_feature_names(signals: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def feature_names(signals: Sequence[str]) -> tuple[str, ...]:
-    """The ordered feature names for ``signals``: the window's, then the run context's."""
-    return window_feature_names(signals) + context_names(signals)
+def feature_names(signals: Sequence[str], extra_context: Sequence[str] = ()) -> tuple[str, ...]:
+    """The ordered feature names for ``signals``: the window's, then the run context's
+    (with the opt-in fields of ``extra_context``)."""
+    return window_feature_names(signals) + context_names(signals, extra_context)
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,16 @@ class FeatureSchema:
     context: tuple[str, ...] = ()
 
     @classmethod
-    def build(cls, window: int, signals: Sequence[str]) -> FeatureSchema:
-        """The schema this code version produces for ``window`` and ``signals``."""
+    def build(
+        cls, window: int, signals: Sequence[str], extra_context: Sequence[str] = ()
+    ) -> FeatureSchema:
+        """The schema this code version produces for ``window`` and ``signals``, with
+        the opt-in context fields of ``extra_context`` (default none: the schema every
+        model before them was trained on)."""
         signals = tuple(signals)
+        names = feature_names(signals, extra_context)
         return cls(
-            FEATURE_VERSION, int(window), signals, feature_names(signals), context_names(signals)
+            FEATURE_VERSION, int(window), signals, names, context_names(signals, extra_context)
         )
 
     def to_dict(self) -> dict[str, Any]:

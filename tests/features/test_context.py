@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from collapse_guard.features import FeatureExtractor, RunContext
+from collapse_guard.features.context_fields import OPT_IN_CONTEXT
 from collapse_guard.runfiles import RunMeta, RunWriter, read_run
 from collapse_guard.signals import SIGNAL_NAMES
 
@@ -231,3 +232,97 @@ def test_a_context_mapping_is_checked_and_may_be_partial():
     both = fx.transform_windows([frame, frame.iloc[:12]], contexts=[None, {}])
     assert np.array_equal(both[0], fx.transform_window(frame), equal_nan=True)
     assert np.isnan(both[1, n:]).all()
+
+
+RISE = ["ctx__loss_per_log_lr_rise", "ctx__grad_norm_per_log_lr_rise"]
+
+
+def rise_response(frame: pd.DataFrame) -> pd.DataFrame:
+    """The opt-in rise-response fields of ``transform_run`` at every step."""
+    signals = tuple(c for c in ("lr", "loss", "grad_norm") if c in frame)
+    fx = FeatureExtractor(window=20, signals=signals, extra_context=OPT_IN_CONTEXT)
+    return fx.transform_run(frame)[[n for n in RISE if n in fx.schema.context]]
+
+
+def test_rise_response_by_hand_on_a_jump():
+    # the LR held at 1 (steps 0-29), jumps to 4 at step 30 and holds; the loss, flat at 2,
+    # settles at 2 * 4**0.25 after it: +0.25 per e-fold of LR; the grad norm flat at 1
+    t = np.arange(300)
+    lr = np.where(t < 30, 1.0, 4.0)
+    loss = np.where(t < 30, 2.0, 2.0 * 4.0**0.25)
+    got = rise_response(pd.DataFrame({"step": t, "lr": lr, "loss": loss, "grad_norm": 1.0}))
+    assert got.loc[:29].isna().all().all()  # no rise yet
+    # the reference is step 29, the row before the climb (loss 2, LR 1), as it stays
+    # while the LR holds; the smoothed loss has settled by step 200 (e^-17)
+    assert got.loc[200, RISE[0]] == pytest.approx(0.25, rel=1e-6)
+    assert got.loc[200, RISE[1]] == 0.0  # a grad norm that does not answer
+    assert (got.loc[30:229, RISE[0]] > 0).all()  # it turns up from the jump on
+    # 200 steps after the LR last rose (step 30) the run is out of the rise: NaN
+    assert got.loc[230:].isna().all().all()
+
+
+def test_a_rise_the_loss_absorbs_reads_at_most_zero_one_it_turns_up_on_above():
+    # warm-up from LR 0 over 150 steps (the first anchor, LR 0, is replaced at once); the
+    # loss falls all along, or turns up from step 100 on while the LR still climbs
+    t = np.arange(400)
+    lr = np.minimum(t / 150, 1.0) * 1e-3
+    falls = 3.0 + 2.0 * np.exp(-t / 60)
+    frame = pd.DataFrame({"step": t, "lr": lr, "loss": falls})
+    absorbs = rise_response(frame)[RISE[0]]
+    frame["loss"] = falls + 0.01 * np.clip(t - 100, 0, None)
+    turns_up = rise_response(frame)[RISE[0]]
+    # LR 0 at step 0 has no log: step 1 is the reference, and a climb shows from step 2
+    assert absorbs.loc[:1].isna().all()
+    inside = absorbs.loc[2:349]  # the LR last rose at step 150: in the rise until 349
+    assert (inside <= 0).all() and inside.notna().all()
+    assert (turns_up.loc[160:349] > 0).all()
+    assert turns_up.loc[349] > 1.0 > absorbs.loc[349] + 1.0  # a clear margin at the end
+    assert absorbs[350:].isna().all() and turns_up[350:].isna().all()
+
+
+def test_rise_response_reads_the_latest_stretch_of_a_long_rise():
+    # a 400-step exponential ramp (x e^4): the loss falls for 300 steps, then turns up;
+    # the reference stays 50-100 steps back, so the early fall does not hide the turn
+    t = np.arange(500)
+    lr = 1e-4 * np.exp(np.minimum(t, 400) / 100)
+    loss = 3.0 - 0.002 * np.minimum(t, 300) + 0.004 * np.clip(t - 300, 0, None)
+    got = rise_response(pd.DataFrame({"step": t, "lr": lr, "loss": loss}))[RISE[0]]
+    assert (got.loc[20:300] < 0).all()
+    assert (got.loc[370:420] > 0).all()
+    assert loss[400] < loss[0]  # against the rise's start it would still read a fall
+
+
+def test_rise_response_live_equals_offline_and_round_trips():
+    frame = rewarm_run()
+    fx = FeatureExtractor(extra_context=OPT_IN_CONTEXT)
+    assert fx.schema.context[-2:] == tuple(RISE) and fx.extra_context == tuple(RISE)
+    ctx = RunContext.from_schema(fx.schema)
+    assert ctx.names == fx.schema.context
+    rows = records(frame)
+    live = np.array([ctx.update(step, record).vector() for step, record in rows])
+    offline = fx.transform_run(frame, steps=frame["step"].to_numpy())[list(fx.schema.context)]
+    assert np.array_equal(offline.to_numpy(), live, equal_nan=True)
+    got = offline[RISE]
+    assert got.notna().any().all() and got.isna().any().all()  # in rises and out
+    # the default fields are those of the default accumulator, to the bit
+    default = context_at(frame, steps=frame["step"].to_numpy())
+    assert np.array_equal(default.to_numpy(), live[:, :-2], equal_nan=True)
+    # saved halfway and resumed: the same bits
+    first = RunContext.from_schema(fx.schema)
+    for step, record in rows[:620]:
+        first.update(step, record)
+    resumed = RunContext(extra=OPT_IN_CONTEXT).load_state_dict(
+        json.loads(json.dumps(first.state_dict()))
+    )
+    for step, record in rows[620:]:
+        resumed.update(step, record)
+    assert np.array_equal(resumed.vector(), live[-1], equal_nan=True)
+
+
+def test_opt_in_fields_are_named_and_checked():
+    with pytest.raises(ValueError, match=r"opt-in fields .*got \['ctx__steps'\]"):
+        FeatureExtractor(extra_context=["ctx__steps"])
+    # a field whose signals the schema lacks is left out, as the default ones are
+    fx = FeatureExtractor(signals=("lr", "loss"), extra_context=OPT_IN_CONTEXT)
+    assert fx.schema.context[-1] == "ctx__loss_per_log_lr_rise"
+    assert fx.extra_context == ("ctx__loss_per_log_lr_rise",)

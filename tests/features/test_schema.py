@@ -1,6 +1,7 @@
 """FeatureSchema: names, round trip, fingerprint, validation messages."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,10 @@ from collapse_guard.features import (
     feature_names,
     window_feature_names,
 )
+from collapse_guard.features.context_fields import OPT_IN_CONTEXT
 from collapse_guard.signals import SIGNAL_NAMES
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "collapse_guard/predictor/default_model"
 
 
 def test_names_follow_the_pattern_and_order():
@@ -98,3 +102,21 @@ def test_from_schema_reproduces_and_refuses_other_versions():
     old = FeatureSchema("0", schema.window, schema.signals, schema.names)
     with pytest.raises(FeatureSchemaError, match="version 0"):
         FeatureExtractor.from_schema(old)
+
+
+def test_opt_in_context_fields_leave_stored_schemas_as_they_are():
+    # the bundled model's stored schema is what this code builds by default, to the
+    # fingerprint: the opt-in fields are not in it, so its features (and risk) stay put
+    stored = json.loads((DEFAULT_MODEL / "risk_model.json").read_text())["schema"]
+    schema = FeatureSchema.from_dict(stored)
+    assert FeatureSchema.build(schema.window, schema.signals) == schema
+    assert not set(OPT_IN_CONTEXT) & set(schema.names)
+    assert FeatureExtractor.from_schema(schema).extra_context == ()
+    # asked for, they come last, change the fingerprint and are read back from the schema
+    wider = FeatureExtractor(extra_context=OPT_IN_CONTEXT).schema
+    default = FeatureExtractor().schema
+    assert wider.names == default.names + OPT_IN_CONTEXT
+    assert wider.context == default.context + OPT_IN_CONTEXT
+    assert wider.fingerprint != default.fingerprint
+    back = FeatureSchema.from_dict(json.loads(json.dumps(wider.to_dict())))
+    assert FeatureExtractor.from_schema(back).schema == wider

@@ -47,6 +47,9 @@ class TrainConfig:
     eval_budget_per_10k: float = 1.0  # the evaluation's ROC-like "recall at budget" rate
     params: Mapping[str, Any] = field(default_factory=dict)  # CollapsePredictor overrides
     signals: tuple[str, ...] = MODEL_SIGNALS  # what the model predicts from
+    # opt-in run-context fields (features.context_fields.OPT_IN_CONTEXT), none by default:
+    # the ablation inside LR rises did not keep them (benchmarks/README.md)
+    extra_context: tuple[str, ...] = ()
     # the levels from each group's runs scored by a model fitted without it (crossfit);
     # None: from the validation runs alone
     levels_by: str | None = "family"
@@ -57,6 +60,7 @@ class TrainConfig:
         object.__setattr__(self, "params", dict(self.params or {}))
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         object.__setattr__(self, "signals", tuple(self.signals))
+        object.__setattr__(self, "extra_context", tuple(self.extra_context))
         for name in ("window", "horizon", "stride"):
             if int(getattr(self, name)) < 1:
                 raise UserInputError(
@@ -95,4 +99,5 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["fractions"] = list(self.fractions)
         out["signals"] = list(self.signals)
+        out["extra_context"] = list(self.extra_context)
         return out

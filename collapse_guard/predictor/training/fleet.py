@@ -60,10 +60,16 @@ def fleet_client(scheduler: str = "local"):
 
 
 def chunk_rows(
-    paths: Sequence[str], *, window: int, signals: Sequence[str], stride: int, horizon: int
+    paths: Sequence[str],
+    *,
+    window: int,
+    signals: Sequence[str],
+    stride: int,
+    horizon: int,
+    extra_context: Sequence[str] = (),
 ) -> list[TrainingData]:
     """Worker task: the training rows of each run file of a chunk that has any, in order."""
-    extractor = FeatureExtractor(window=window, signals=signals)
+    extractor = FeatureExtractor(window=window, signals=signals, extra_context=extra_context)
     parts = (run_rows(r, extractor, stride=stride, horizon=horizon) for r in load_runs(paths))
     return [p for p in parts if p is not None]
 
@@ -98,6 +104,7 @@ def cluster_rows(
         chunk_rows,
         window=extractor.window,
         signals=list(extractor.signals),
+        extra_context=list(extractor.extra_context),
         stride=stride,
         horizon=horizon,
     )

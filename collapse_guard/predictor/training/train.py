@@ -200,7 +200,9 @@ def fit_risk_model(
     ``progress``: lines of text, and a bar while the rows are built (module docstring).
     """
     config = TrainConfig.of(config, **settings)
-    extractor = FeatureExtractor(window=config.window, signals=config.signals)
+    extractor = FeatureExtractor(
+        window=config.window, signals=config.signals, extra_context=config.extra_context
+    )
     common = {"stride": config.stride, "horizon": config.horizon}
     train = _rows(rows, train_runs, extractor, "features: train runs", progress, **common)
     val = _rows(rows, val_runs, extractor, "features: validation runs", progress, **common)
@@ -227,6 +229,9 @@ def fit_risk_model(
             "params": predictor.get_params(),
         },
     )
+    # RiskModel builds its extractor from the schema's window and signals, which gives the
+    # default context only: the model must score with the one its rows came from
+    model.extractor = extractor
     return model, predictor
 
 
