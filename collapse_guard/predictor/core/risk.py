@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.features import FEATURE_VERSION, FeatureExtractor, FeatureSchema
+from collapse_guard.features.context import opt_in_of
 from collapse_guard.predictor.core import store
 from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.hold import hold_risk
@@ -97,7 +98,7 @@ class RiskModel:
         self.horizon = int(horizon)
         self.budgets = {str(k): v for k, v in budgets.items()}
         self.hold_steps = int(hold_steps)
-        self.extractor = FeatureExtractor(window=schema.window, signals=schema.signals)
+        self.extractor = FeatureExtractor.from_schema(schema)  # opt-in context fields too
         self.meta = {
             "name": MODEL_NAME,
             "version": "local",
@@ -328,7 +329,7 @@ def _check_version(version: Any, folder: Path) -> None:
 
 def _check_schema(schema: FeatureSchema, folder: Path) -> None:
     _check_version(schema.version, folder)
-    current = FeatureSchema.build(schema.window, schema.signals)
+    current = FeatureSchema.build(schema.window, schema.signals, opt_in_of(schema.context))
     if current.names != schema.names or current.context != schema.context:
         missing = [n for n in schema.names if n not in set(current.names)]
         extra = [n for n in current.names if n not in set(schema.names)]

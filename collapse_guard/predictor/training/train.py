@@ -229,9 +229,6 @@ def fit_risk_model(
             "params": predictor.get_params(),
         },
     )
-    # RiskModel builds its extractor from the schema's window and signals, which gives the
-    # default context only: the model must score with the one its rows came from
-    model.extractor = extractor
     return model, predictor
 
 

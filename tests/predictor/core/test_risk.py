@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from predictor_settings import FAST_PARAMS
 
 from collapse_guard.features import RunContext, reading
 from collapse_guard.predictor.core import risk as risk_module
@@ -177,3 +178,20 @@ def test_importing_the_predictor_pulls_neither_torch_nor_mlflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_model_with_opt_in_context_fields_saves_loads_and_scores_the_same(
+    synthetic_paths, frame, tmp_path
+):
+    from collapse_guard.features.context_fields import OPT_IN_CONTEXT
+    from collapse_guard.predictor.training.train import train_risk_model
+
+    model = train_risk_model(
+        synthetic_paths[:30], seed=0, stride=10, params=FAST_PARAMS, extra_context=OPT_IN_CONTEXT
+    ).model
+    assert set(OPT_IN_CONTEXT) <= set(model.schema.context)
+    loaded = RiskModel.load(model.save(tmp_path / "m"))
+    assert loaded.extractor.schema.names == model.schema.names
+    np.testing.assert_array_equal(
+        loaded.predict_run(frame, stride=7).to_numpy(), model.predict_run(frame, stride=7).to_numpy()
+    )
