@@ -68,6 +68,11 @@ arm                   what
                       ``online_collapse`` rescue), 0.5x after a non-finite loss or an LR
                       jump: the default since ``developed_rescue_lr`` is 0.25 (then it is
                       ``guarded``'s run)
+``reactive_only``     ``guarded`` with the forecast's actions off (``forecast_actions=
+                      False``): no LR cut, tighter clip or outlier bound at warn or
+                      critical; the reactive rules, rescues and checkpoints as they are
+``guarded_hold``      ``guarded`` holding the LR at warn instead of halving it
+                      (``warn_action="hold"``: warn_hold.py)
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -112,6 +117,7 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
+import rescue_tables as tables
 from reference_rules import QK_TAU, KimiClip, OLMoSkip, ZClip
 
 __all__ = [
@@ -134,12 +140,20 @@ GUARD_POLICIES = {
     "rescue_both": {"qk_clip": "rescue", "developed_rescue_lr": 0.5},
     "rescue_quarter": {"rescue_lr": 0.25, "developed_rescue_lr": 0.25},
     "rescue_developed": {"developed_rescue_lr": 0.25},
+    "reactive_only": {"forecast_actions": False},
+    "guarded_hold": {"warn_action": "hold"},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
-ARMS += ("rescue_developed",)
+ARMS += ("rescue_developed", "reactive_only", "guarded_hold")
 HALVES = ("develops", "sudden", "between")
+# the forecast's worth (issue 32): each arm's steps lost and final loss against another's
+PAIRS = (
+    ("guarded", "reactive_only"),
+    ("guarded_hold", "reactive_only"),
+    ("guarded_hold", "guarded"),
+)
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
 SAFE_SHARE = 0.5  # x STABLE_EDGE: the top of the sampler's healthy baseline range
@@ -437,9 +451,11 @@ def _run_guarded(config, policy: dict) -> dict:
         "rescues": kinds["rescue"],
         "skips": kinds["skip"],
         "qk_clips": kinds["qk_clip"],
+        "holds": sum(e.startswith("lr_hold:") and e != "lr_hold:off" for _, e in run.events),
         "steps_lost": _steps_lost(run.events),
         "gave_up": run.gave_up,
         "first_warning": run.first_warning,
+        "risk_max": max(run.risk.values(), default=None),  # held P(collapse): how near warn
     }
 
 
@@ -567,6 +583,9 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
         return "no rescue" if guarded.get("rescues") == 0 else None
     if arm in ("rescue_qk", "rescue_both"):
         return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None
+    if arm in ("reactive_only", "guarded_hold") and "first_warning" in guarded:
+        return "never at warn" if guarded["first_warning"] is None else None  # the level's
+        # actions below warn are the same in all three: a watch checkpoints in each
     if arm == "newest" and "averaged" in guarded:
         return "no rollback averaged" if guarded["averaged"] <= 1 else None
     return None
@@ -609,20 +628,6 @@ def _tasks(args, configs: list[dict], done: dict) -> list[dict]:
     return tasks
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
-
-
-def _outcome(row: dict | None) -> str:
-    if row is None:
-        return "..."
-    if row.get("gave_up"):
-        return "gave up"
-    if not row["healthy"]:
-        return f"collapsed {row['onset']}"
-    return "healthy" if row.get("saved", True) else f"unlearned {row['best_loss']:.2f}"
-
-
 def _by_config(done: dict, current: str) -> dict:
     """index -> arm -> row (the guard's arms: those of guard source ``current``), each
     row's half and mechanism those of its configuration: the unguarded run's own where
@@ -639,22 +644,20 @@ def _by_config(done: dict, current: str) -> dict:
     return by
 
 
-def _sort_key(index) -> tuple:
-    return (isinstance(index, str), index)
-
-
 def report(results: Path, current: str) -> None:
     """The per-configuration and per-arm tables (markdown) from the results file; the
     guard's arms are those of guard source ``current``."""
     by = _by_config(_done(results), current)
     print(f"guard source key {current}; results in {results}\n")
-    _config_table(by)
+    tables.config_table(by, ARMS, tuple(GUARD_POLICIES))
     print()
-    _arm_table(by)
+    tables.arm_table(by, ARMS, HALVES)
     print()
-    _average_table(by)
+    tables.paired_lines(by, PAIRS)
     print()
-    _healthy_table(by)
+    tables.average_table(by)
+    print()
+    tables.healthy_table(by, tuple(GUARD_POLICIES))
     walls = defaultdict(list)
     for arms in by.values():
         for arm, row in arms.items():
@@ -667,142 +670,6 @@ def report(results: Path, current: str) -> None:
             for arm, v in sorted(walls.items())
         )
     )
-
-
-_SHOWN = ("guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "olmo", "zclip", "safe_lr")
-
-
-def _config_table(by: dict) -> None:
-    print(
-        "| config | half | mechanism | bigram | unguarded | guarded | QK-clip off | QK watch | "
-        "QK alone | OLMo skip | ZClip | safe LR | final loss guarded / QK-clip off / safe LR "
-        "| rescues, steps lost (guarded) |"
-    )
-    print("|" + "---|" * 14)
-    for index in sorted(by, key=_sort_key):
-        arms = by[index]
-        first = next(iter(arms.values()))
-        if first["half"] is None:  # no collapse unguarded (or not run yet): _healthy_table
-            continue
-        g, q, safe = (arms.get(a) for a in ("guarded", "guarded_no_qk", "safe_lr"))
-        cells = [str(index), str(first["half"]), first["group"], _fmt(first.get("bigram"), ".2f")]
-        cells += [_outcome(arms.get(a)) for a in ("unguarded", *_SHOWN)]
-        cells.append(" / ".join(_fmt(r and r["final_loss"]) for r in (g, q, safe)))
-        cells.append(f"{g['rescues']}, {g['steps_lost']}" if g else "-")
-        print("| " + " | ".join(cells) + " |")
-
-
-def _gap_to_safe(pairs: list[tuple[dict, dict]]) -> list[float]:
-    """Final loss minus the safe-LR run's, where both were saved."""
-    gaps = [a["final_loss"] - s["final_loss"] for a, s in pairs if a["saved"] and s["saved"]]
-    return [g for g in gaps if math.isfinite(g)]
-
-
-def _median(values: list[float], spec: str) -> str:
-    return _fmt(statistics.median(values), spec) if values else "-"
-
-
-def _saved(rows: list[dict], arm: str) -> str:
-    """Saved / configurations, then the healthy ones (the label alone), and the saved
-    among the configurations whose safe-LR run trains below its bigram entropy."""
-    learns = [a for a in rows if "safe_lr" in a and a["safe_lr"]["saved"]]
-    saved, healthy = (sum(a[arm][k] for a in rows) for k in ("saved", "healthy"))
-    return (
-        f"{saved}/{len(rows)} (healthy {healthy}; {sum(a[arm]['saved'] for a in learns)}/"
-        f"{len(learns)} where safe LR learns)"
-    )
-
-
-def _arm_table(by: dict) -> None:
-    halves = [h for h in HALVES if any(next(iter(a.values()))["half"] == h for a in by.values())]
-    head = ["arm"] + [f"saved: {h}" for h in halves]
-    head += [f"final - safe LR, {h} (median, both saved)" for h in halves]
-    head += [f"steps lost, {h} (median, total)" for h in halves]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for arm in ARMS:
-        rows = {h: [a for a in by.values() if arm in a and a[arm]["half"] == h] for h in halves}
-        if not any(rows.values()):
-            continue
-        saved = [_saved(rows[h], arm) for h in halves]
-        gaps = [
-            _median(
-                _gap_to_safe([(a[arm], a["safe_lr"]) for a in rows[h] if "safe_lr" in a]), "+.3f"
-            )
-            for h in halves
-        ]
-        lost = []
-        for h in halves:
-            steps = [a[arm]["steps_lost"] for a in rows[h] if "steps_lost" in a[arm]]
-            lost.append(f"{statistics.median(steps):.0f}, {sum(steps)}" if steps else "-")
-        print("| " + " | ".join([arm, *saved, *gaps, *lost]) + " |")
-
-
-def _healthy_table(by: dict) -> None:
-    """QK-clip where nothing collapses (the unguarded run healthy): the guard's final loss
-    with QK-clip ("always", the default) and without, beside the unguarded run's."""
-    quiet = {
-        index: arms
-        for index, arms in by.items()
-        if "unguarded" in arms
-        and arms["unguarded"]["onset"] is None
-        and {"guarded", "guarded_no_qk"} <= arms.keys()
-    }
-    if not quiet:
-        return
-    print(
-        "| config | recipe | bigram | final loss: unguarded / guarded / QK-clip off | "
-        "guarded - off | heads clipped | largest logit, guarded |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    moved = []
-    for index in sorted(quiet, key=_sort_key):
-        u, g, off = (quiet[index][arm] for arm in ("unguarded", "guarded", "guarded_no_qk"))
-        moved.append(g["final_loss"] - off["final_loss"])
-        finals = " / ".join(_fmt(r["final_loss"]) for r in (u, g, off))
-        cells = [str(index), u["recipe"], _fmt(u["bigram"], ".2f"), finals, _fmt(moved[-1], "+.4f")]
-        cells += [str(g.get("qk_clips", "-")), _fmt(g.get("logit_max"), ".1f")]
-        print("| " + " | ".join(cells) + " |")
-    print(
-        f"\n{len(moved)} runs that do not collapse: guarded - QK-clip off, median "
-        f"{statistics.median(moved):+.4f} nats, largest |difference| {max(map(abs, moved)):.4f}"
-    )
-
-
-def _average_table(by: dict) -> None:
-    """Rollback to the basin's mean (``guarded``) against the newest checkpoint alone
-    (``newest``), per collapse kind: configurations with both arms only."""
-    both = [a for a in by.values() if "guarded" in a and "newest" in a]
-    if not both:
-        return
-    print(
-        "| half | mechanism | configs | saved: mean / newest | final - safe LR: mean / newest "
-        "(median, both saved) | steps lost: mean / newest (median) |"
-    )
-    print("|---|---|---|---|---|---|")
-    groups = defaultdict(list)
-    for arms in both:
-        groups[arms["guarded"]["half"], arms["guarded"]["group"]].append(arms)
-    for (half, group), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-        cells = [str(half), group, str(len(rows))]
-        cells.append(
-            " / ".join(str(sum(a[arm]["saved"] for a in rows)) for arm in ("guarded", "newest"))
-        )
-        gaps = []
-        for arm in ("guarded", "newest"):
-            gaps.append(
-                _median(
-                    _gap_to_safe([(a[arm], a["safe_lr"]) for a in rows if "safe_lr" in a]), "+.3f"
-                )
-            )
-        cells.append(" / ".join(gaps))
-        cells.append(
-            " / ".join(
-                f"{statistics.median(a[arm]['steps_lost'] for a in rows):.0f}"
-                for arm in ("guarded", "newest")
-            )
-        )
-        print("| " + " | ".join(cells) + " |")
 
 
 def _cases(args) -> list[dict]:
@@ -879,8 +746,8 @@ def _run(args, results: Path) -> None:
             with results.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
             print(
-                f"{row['index']!s:>10} {row['arm']:16s} {_outcome(row):16s} "
-                f"final {_fmt(row['final_loss'])} {row['seconds']:.0f} s",
+                f"{row['index']!s:>10} {row['arm']:16s} {tables.outcome(row):16s} "
+                f"final {tables.fmt(row['final_loss'])} {row['seconds']:.0f} s",
                 flush=True,
             )
     print(f"wall {time.perf_counter() - began:.0f} s", flush=True)

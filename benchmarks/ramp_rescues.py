@@ -16,7 +16,11 @@ arm               what
                   (``lr_lift_steps=0``)
 ``permanent``     the jump rule of issue 32 (a step change: ``lr_jump_span=1``), the
                   cap for good (``lr_lift_steps=0``)
-``lifting``       the defaults: that jump rule and the cap that lifts (rescue.py)
+``lifting``       that jump rule and the cap that lifts (``lr_lift_steps=20``)
+``hold``          ``permanent`` (the defaults) holding the LR at warn instead of halving
+                  it (``warn_action="hold"``: warn_hold.py)
+``reactive``      ``permanent`` with the forecast's actions off (``forecast_actions=
+                  False``: the reactive rules and rescues alone)
 ================  ==================================================================
 
 A *false rescue* is a rescue in a run whose unguarded twin does not collapse (the label's
@@ -45,6 +49,8 @@ ARMS: dict[str, dict | None] = {
     "before": {"lr_jump_span": 10, "lr_lift_steps": 0},
     "permanent": {"lr_lift_steps": 0},
     "lifting": {"lr_lift_steps": 20},
+    "hold": {"warn_action": "hold"},
+    "reactive": {"forecast_actions": False},
 }
 
 
@@ -82,6 +88,7 @@ def _train(job: tuple[float, str, int, int, str]) -> dict:
         "seed": seed,
         "rescues": sum(e.startswith("rescue:") for e in events),
         "falls": sum(e.startswith("lr_fall:") for e in events),
+        "holds": sum(e.startswith("lr_hold:") and e != "lr_hold:off" for e in events),
         "first": next((e for e in events if e.startswith("rescue:")), ""),
         "final": run.final_loss,
         "cap": _last_cap(events),
@@ -104,12 +111,14 @@ def _tables(rows: list[dict]) -> None:
     survives = {
         (r["scale"], r["seed"]) for r in rows if r["arm"] == "unguarded" and r["onset"] is None
     }
-    print("| x | seed | arm | rescues | falls | first rescue | final loss | cap at end | onset |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "| x | seed | arm | rescues | falls | holds | first rescue | final loss | cap at end |"
+    print(head + " onset |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["scale"], r["seed"], list(ARMS).index(r["arm"]))):
         final = f"{r['final']:.3f}" + (" (gave up)" if r["gave_up"] else "")
         rescues = "" if r["arm"] == "unguarded" else r["rescues"]
-        cells = (f"{r['scale']:g}x", r["seed"], r["arm"], rescues, r["falls"], r["first"], final)
+        cells = (f"{r['scale']:g}x", r["seed"], r["arm"], rescues, r["falls"], r["holds"])
+        cells += (r["first"], final)
         print("| " + " | ".join(map(str, (*cells, r["cap"], r["onset"]))) + " |")
     print()
     for arm in ARMS:

@@ -1,8 +1,9 @@
 """<APPLY>: the only place where a decision changes training.
 
 Clipping (the level's global bound, outlier tensors, the rescues' layer caps), the LR
-multiplier under the rescues' cap around the optimizer step (lr.py), the step itself
-(the scaler's under AMP), a QK-clip plan, and the probe's record of the step.
+multiplier under the rescues' cap and the warn's hold around the optimizer step (lr.py,
+warn_hold.py), the step itself (the scaler's under AMP), a QK-clip plan, and the probe's
+record of the step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collapse_guard.guard.lr import lr_for_step, restore_lr
 from collapse_guard.guard.measure import amp_enabled
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.setup import GuardSetup
+from collapse_guard.guard.warn_hold import WarnHold
 
 __all__ = ["Applier", "clip_gradients", "optimizer_step"]
 
@@ -67,11 +69,13 @@ def optimizer_step(optimizer: Any, scaler: Any) -> None:
 
 
 class Applier:
-    """Executes a decision on one model: clipping, the LR multiplier, the optimizer step
-    (or none), the scaler's update, a QK-clip plan, and the probe's record of the step."""
+    """Executes a decision on one model: clipping, the LR multiplier (and the warn's
+    hold: ``hold``), the optimizer step (or none), the scaler's update, a QK-clip plan,
+    and the probe's record of the step."""
 
     def __init__(self, setup: GuardSetup) -> None:
         self.setup = setup
+        self.hold = WarnHold()
 
     def __call__(
         self,
@@ -83,17 +87,22 @@ class Applier:
         layer_bounds: Mapping[str, float],
         lr_ceiling: float,
     ) -> tuple[dict[str, float], list[str], tuple[float, float] | None]:
-        """The probe's record (``lr``: the LR in force, multiplier included), the QK-clip's
-        events, and group 0's LR in force and the loop's (None: no update was applied)."""
+        """The probe's record (``lr``: the LR in force, multiplier included), the events
+        of the hold and of QK-clip, and group 0's LR in force and the loop's (None: no
+        update was applied)."""
         setup = self.setup
         optimizer, scaler = setup.training.optimizer, setup.training.scaler
         saved = in_force = None
+        held: list[str] = []
         if decision.apply_update and not decision.rescue:
             clip_gradients(
                 decision, grad_norm, norms, layer_bounds=layer_bounds, history=setup.history,
                 policy=setup.policy, params=setup.params, index=setup.index,
             )  # fmt: skip
-            saved, in_force = lr_for_step(optimizer, decision.lr_multiplier, lr_ceiling)
+            unheld = min(optimizer.param_groups[0]["lr"] * decision.lr_multiplier, lr_ceiling)
+            held = self.hold.update(decision.level, unheld, setup.policy)
+            ceiling = min(lr_ceiling, self.hold.ceiling)
+            saved, in_force = lr_for_step(optimizer, decision.lr_multiplier, ceiling)
             optimizer_step(optimizer, scaler)
         if amp_enabled(scaler):
             scaler.update()
@@ -103,4 +112,4 @@ class Applier:
         if saved is None:
             return record, clipped, None
         restore_lr(optimizer, saved)
-        return record, clipped, (in_force, saved[0])
+        return record, [*held, *clipped], (in_force, saved[0])

@@ -30,7 +30,10 @@ The order of the rules is the order of their urgency::
               skips in a row the next outlier is applied (clipped): it is the data now
               (outside data-fault mode)
     level     LR multiplier and clipping of the level; a tensor whose gradient norm
-              is an outlier is clipped (warn and above)
+              is an outlier is clipped (warn and above); none of it with the
+              forecast's actions off (``forecast_actions=False``: the level is read
+              as OK); at warn, ``warn_action="hold"`` holds the LR instead of scaling
+              it (the applier's WarnHold: warn_hold.py)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
               or above when none is recent
 
@@ -46,6 +49,9 @@ event                       meaning
 ``checkpoint_refused:..``   a checkpoint was due but a parameter is not finite
 ``accept:<reason>``         an outlier applied (clipped) after max_outlier_skips skips
 ``lr_x<m>``                 the level's LR multiplier changed to ``m``
+``lr_hold:<lr>``            the LR in force is held at ``lr`` (``warn_action="hold"``: a
+                            warn's first step; warn_hold.py)
+``lr_hold:off``             the hold, released as the risk fell, reached the loop's LR
 ``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
 ``checkpoint``              a healthy checkpoint written into the ring
 ``rescue:<reason>``         a rescue (``nonfinite_loss``, ``online_collapse``, ...)
@@ -154,7 +160,8 @@ class GuardDecision:
 def outlier_z(level: Level, policy: GuardPolicy) -> float:
     """The z-score over which a loss or gradient norm is an outlier at ``level`` (the host's
     rule here, the device's gate in ``deferred.py``: one definition for both)."""
-    return policy.critical_outlier_z if level == CRITICAL else policy.outlier_z
+    critical = policy.acting_level(level) == CRITICAL  # reactive-only: outlier_z at every level
+    return policy.critical_outlier_z if critical else policy.outlier_z
 
 
 def accepts_outliers(skip_streak: int, data_fault: bool, policy: GuardPolicy) -> bool:
@@ -252,7 +259,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
             data_fault=data_fault,
             events=(*events, f"skip:{skip}"),
         )
-    layers = facts.layer_outliers if facts.level >= WARN else ()
+    layers = facts.layer_outliers if policy.acting_level(facts.level) >= WARN else ()
     if layers:
         events.append(f"clip_layers:{len(layers)}")
     healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != CRITICAL

@@ -193,7 +193,7 @@ class Guard:
         measure.unscale(self.scaler, self.optimizer)
         lr_jump = measure.lr_jumped(run.loop_lrs, self.policy)
         healthy = None
-        forced = self._decide.forced is not None
+        forced = self._decide.forced is not None or self._apply.hold.on  # a hold: host's
         if self._sync.may_defer(run, stale=stale, forced=forced, amp=amp):
             facts = gather_facts(run, trajectory, 0.0, 1.0, lr_jump=lr_jump)
             healthy = self._sync.healthy(facts)
@@ -295,7 +295,7 @@ class Guard:
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
         events = [*decision.events, *clipped, *self._rescue.lift(decision, run, self.trajectory)]
-        run.qk_clips += len(clipped)
+        run.qk_clips += sum(e.startswith("qk_clip:") for e in clipped)  # less the hold's
         tally(decision, record, run, self.trajectory)
         if decision.rescue:
             rescued, self.trajectory = self._rescue(decision, norms, run, self.trajectory)
@@ -323,7 +323,7 @@ class Guard:
     # ----------------------------------------------------------------- close
     def summary(self) -> dict[str, Any]:
         """Counts of what the guard did (also the run file's ``extra["guard"]``)."""
-        return self.run.summary()
+        return {**self.run.summary(), **self._apply.hold.summary()}  # warn_hold.py's too
 
     @property
     def run_path(self) -> Path | None:

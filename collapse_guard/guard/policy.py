@@ -16,9 +16,19 @@ from typing import Any
 from collapse_guard._config import reject_unknown_keys
 from collapse_guard.predictor.core.levels import CRITICAL, OK, RISK_LEVELS, WARN, Level
 
-__all__ = ["QK_CLIP_MODES", "RISK_LEVELS", "GuardPolicy", "policy_keyword", "resolve_policy"]
+__all__ = [
+    "QK_CLIP_MODES",
+    "RISK_LEVELS",
+    "WARN_ACTIONS",
+    "GuardPolicy",
+    "policy_keyword",
+    "resolve_policy",
+]
 
 QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
+WARN_ACTIONS: tuple[str, ...] = ("scale", "hold")
+_CHOICES = {"qk_clip": QK_CLIP_MODES, "warn_action": WARN_ACTIONS}  # the fields of a name
+_SWITCHES = ("forecast_actions",)  # the fields of a bool
 
 
 @dataclass
@@ -45,6 +55,19 @@ class GuardPolicy:
     critical_clip: float = 0.25  # half again: a critical run is past the seed's range
     layer_outlier_ratio: float = 5.0  # at warn and above, a tensor whose gradient norm is
     # this many times its median over the forensic history is clipped to that bound
+
+    # --- the forecast's actions (issue 32: what acting on the forecast buys) ---
+    forecast_actions: bool = True  # False: the risk level changes nothing in training (no
+    # warn / critical LR, clip or outlier bound, no layer clipping, no hold): the reactive
+    # rules, rescues and checkpoints alone, the level still read and recorded (the rescue
+    # benchmark's reactive_only arm)
+    warn_action: str = "scale"  # at warn: "scale" the LR by warn_lr; "hold": the LR in
+    # force at the warn's first step is a ceiling while the risk stays at warn or above
+    # (warn_hold.py: a rise stopped, no cut), released by doubling every lr_restore_steps
+    # after. critical scales by critical_lr in both. "scale" stays the default: the hold
+    # measured no better (benchmarks/guard_rescue.py, 10 seed-0 collapses, 2026-12-02: the
+    # same where no run warned, 8 of 10; 71 steps lost against 32 on the one that warned
+    # and differed; the demo 2.628 nats and 67 steps lost against 2.573 and 58)
 
     # --- LR multiplier (applied at step time, over whatever LR the loop set) ---
     warn_lr: float = 0.5  # the real runs collapse 1.5-4x past the stable edge (sampler.py
@@ -151,12 +174,18 @@ class GuardPolicy:
     # Megatron-Core's default: 100)
 
     def __post_init__(self) -> None:
-        if self.qk_clip not in QK_CLIP_MODES:
-            raise ValueError(
-                f"GuardPolicy.qk_clip must be one of {QK_CLIP_MODES}, got {self.qk_clip!r}"
-            )
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"GuardPolicy.{name} must be one of {choices}, got {getattr(self, name)!r}"
+                )
+        for name in _SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"GuardPolicy.{name} must be True or False, got {getattr(self, name)!r}"
+                )
         for f in fields(self):
-            if f.name == "qk_clip":
+            if f.name in _CHOICES or f.name in _SWITCHES:
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -186,12 +215,23 @@ class GuardPolicy:
                 f"{self.keep_checkpoints} and {self.risk_every}"
             )
 
+    def acting_level(self, level: Level) -> Level:
+        """The level the guard's actions follow: ``level``, or OK with the forecast's
+        actions off (``forecast_actions``: the reactive path alone)."""
+        return level if self.forecast_actions else OK
+
     def level_lr(self, level: Level) -> float:
-        """The LR multiplier a level asks for (1 below warn)."""
-        return {WARN: self.warn_lr, CRITICAL: self.critical_lr}.get(level, 1.0)
+        """The LR multiplier a level asks for (1 below warn; 1 at warn when it holds)."""
+        warn = 1.0 if self.warn_action == "hold" else self.warn_lr
+        return {WARN: warn, CRITICAL: self.critical_lr}.get(self.acting_level(level), 1.0)
+
+    def holds_lr(self, level: Level) -> bool:
+        """Whether the LR is held at ``level`` (``warn_action="hold"``; warn_hold.py)."""
+        return self.warn_action == "hold" and self.acting_level(level) >= WARN
 
     def level_clip(self, level: Level) -> float:
         """The global clipping bound at a level (0 = no clipping)."""
+        level = self.acting_level(level)
         bound = {WARN: self.warn_clip, CRITICAL: self.critical_clip}.get(level, self.clip)
         return min(bound, self.clip) if self.clip > 0 else bound
 

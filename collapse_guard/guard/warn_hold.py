@@ -1,0 +1,64 @@
+"""The forecast's hold at ``warn`` (``GuardPolicy.warn_action="hold"``): stop an LR rise.
+
+The warn level says the run is drifting towards a collapse; the real runs collapse past
+the LR they were stable at (the sampler's recipes: ramps and re-warms 1.5-4x past the
+stable edge). Instead of cutting the LR (``warn_lr``), the hold keeps the LR in force at
+the warn's first step as a ceiling while the risk stays at warn or above: the loop's
+schedule may go on rising, the LR in force does not. Nothing is rolled back. When the
+risk falls below warn, the ceiling rises by doubling every ``lr_restore_steps`` (the
+level multiplier's own pace: a level left is not trusted at once) until it passes the
+LR the step would run at, and the hold is gone::
+
+    below warn --warn at LR l--> held at l --(risk < warn)--> l x 2^(t / lr_restore_steps)
+        ^                          ^   | (warn again: the rise stops where it is)  |
+        |                          +---+                                           |
+        +------------------- lr_hold:off (over the step's LR) <--------------------+
+
+The ceiling lives in the host's applier (apply.py) and a rollback keeps it, as it keeps
+the rescues' cap; steps do not defer while it is on (deferred.py's device path knows
+only the rescues' cap).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.predictor.core.levels import Level
+
+__all__ = ["WarnHold"]
+
+
+@dataclass
+class WarnHold:
+    """The hold's ceiling on the LR in force (inf: no hold) and the holds begun."""
+
+    ceiling: float = math.inf
+    holds: int = 0
+
+    @property
+    def on(self) -> bool:
+        return math.isfinite(self.ceiling)
+
+    def update(self, level: Level, lr: float, policy: GuardPolicy) -> list[str]:
+        """Move the ceiling for a step at ``level`` whose LR in force would be ``lr``
+        without the hold (the loop's x the level's multiplier, under the rescues' cap);
+        returns its events (``lr_hold:<lr>``, ``lr_hold:off``)."""
+        if policy.holds_lr(level):
+            if self.on:  # held already (or released part of the way): the rise stops here
+                return []
+            self.ceiling, self.holds = lr, self.holds + 1
+            return [f"lr_hold:{lr:.3g}"]
+        if not self.on:
+            return []
+        steps = policy.lr_restore_steps
+        self.ceiling *= 2.0 ** (1.0 / steps) if steps else math.inf
+        if self.ceiling < lr:
+            return []
+        self.ceiling = math.inf
+        return ["lr_hold:off"]
+
+    def summary(self) -> dict[str, float | int]:
+        """The guard summary's part: holds begun, and the ceiling now (inf: none)."""
+        return {"lr_holds": self.holds, "lr_hold": self.ceiling}

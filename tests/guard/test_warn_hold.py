@@ -1,0 +1,99 @@
+"""The forecast's actions on a real tiny model, the risk stubbed (the risk is not what these
+tests are about: ``FixedRisk`` answers the level a test sets, read at the next step):
+``warn_action="hold"`` holds the LR at warn while the loop's schedule rises, and releases
+it after; ``forecast_actions=False`` leaves the LR and clipping alone at any level, and
+the reactive rescue still comes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from guard_helpers import Loop, tiny_model
+
+from collapse_guard.guard import Guard, GuardPolicy
+
+RISE = 1.05  # the loop's LR rises 5 % a step: a ramp, never a jump (lr_jump_ratio 2)
+
+
+def _ramp(tmp_path, fixed_risk, levels: dict[int, str], steps: int, **policy) -> tuple:
+    """Train ``steps`` steps with the loop's LR 1e-3 x RISE^step and the risk switched to
+    ``levels[s]`` after step s (the reading of step s + 1, in force from step s + 2); the
+    loop's LRs, the LRs in force and the guard."""
+    model, opt = tiny_model()
+    risk = fixed_risk("ok")
+    quiet = {"outlier_z": 1e9, "critical_outlier_z": 1e9}  # no skips: every step updates
+    guard = Guard(model, opt, tmp_path, risk=risk, policy={"risk_every": 1, **quiet, **policy})
+    loop, loop_lrs, in_force = Loop(), [], []
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * RISE**step
+        loop_lrs.append(opt.param_groups[0]["lr"])
+        assert guard.step(loop.loss(model)).apply_update
+        in_force.append(guard.lr_in_force)
+        opt.zero_grad()
+        risk.fixed = levels.get(step, risk.fixed)
+    guard.close()
+    return loop_lrs, in_force, guard
+
+
+def test_warn_holds_the_lr_while_the_schedule_rises_and_releases_it_after(tmp_path, fixed_risk):
+    levels = {8: "warn", 18: "ok"}  # steps 10-19 at warn; released from step 20
+    loop_lrs, in_force, guard = _ramp(
+        tmp_path, fixed_risk, levels, 40, warn_action="hold", lr_restore_steps=5
+    )
+    assert in_force[:10] == pytest.approx(loop_lrs[:10])  # below warn: the loop's own LR
+    held = loop_lrs[10]  # the LR in force at the warn's first step
+    assert in_force[10:20] == pytest.approx([held] * 10)  # not cut, and no higher
+    assert loop_lrs[19] > 1.5 * held  # ... while the schedule went on rising
+    # released by doubling every 5 steps (2^0.2 = 1.149 a step, over the schedule's 1.05)
+    released = [held * 2 ** ((t - 19) / 5) for t in range(20, 40)]
+    expected = [min(r, lr) for r, lr in zip(released, loop_lrs[20:], strict=True)]
+    assert in_force[20:] == pytest.approx(expected)
+    assert in_force[-1] == pytest.approx(loop_lrs[-1])  # the hold is gone
+    events = [e for _, e in guard.events if e.startswith("lr_hold")]
+    assert events == [f"lr_hold:{held:.3g}", "lr_hold:off"]
+    assert guard.summary()["lr_holds"] == 1 and guard.summary()["lr_hold"] == math.inf
+
+
+def test_warn_scales_the_lr_by_default(tmp_path, fixed_risk):
+    loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, {8: "warn"}, 15)
+    assert in_force[10:] == pytest.approx([0.5 * lr for lr in loop_lrs[10:]])
+    assert guard.summary()["lr_holds"] == 0
+
+
+def _grad_norm(model) -> float:
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+
+
+def test_reactive_only_leaves_lr_and_clip_alone_and_still_rescues(tmp_path, fixed_risk):
+    loop_lrs, in_force, _ = _ramp(tmp_path, fixed_risk, {3: "critical"}, 12, forecast_actions=False)
+    assert in_force == pytest.approx(loop_lrs)  # critical from step 5: no cut
+    model, opt = tiny_model()
+    policy = GuardPolicy(risk_every=1, forecast_actions=False)
+    guard = Guard(model, opt, tmp_path / "r", risk=fixed_risk("critical"), policy=policy)
+    loop = Loop()
+    for _ in range(12):
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    assert guard.level.value == "critical"
+    loss = loop.loss(model)
+    scale = 4.0 / _grad_norm(model)  # a norm of 4: over every bound (under 20 steps of
+    for p in model.parameters():  # history: no outlier rule yet)
+        p.grad.mul_(scale)
+    decision = guard.step(loss)
+    assert decision.clip_to == 1.0 and decision.lr_multiplier == 1.0  # not critical's 0.25
+    assert _grad_norm(model) == pytest.approx(1.0, rel=1e-4)
+    opt.zero_grad()
+    loop.loss(model)
+    assert guard.step(torch.tensor(math.nan)).rescue  # the reactive path is all there
+    assert guard.rescues == 1 and guard.lr_ceiling < math.inf
+    guard.close()
+
+
+def test_the_forecast_knobs_reject_bad_values():
+    with pytest.raises(ValueError, match="warn_action must be one of"):
+        GuardPolicy(warn_action="freeze")
+    with pytest.raises(TypeError, match="forecast_actions must be True or False"):
+        GuardPolicy(forecast_actions=1)
