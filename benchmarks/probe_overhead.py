@@ -15,7 +15,10 @@ per step (its every-step cost, measured directly), the extra time of a step wher
 periodic families are due, and the overhead at default periods: every-step cost plus
 a due step's extra / P, over the median step without the probe, for each attention
 period P in ``--attention-every`` (an upper bound: the due step includes the system read,
-which comes every 100 steps whatever P is).
+which comes every 100 steps whatever P is). The optimizer-state group runs at its due
+step and the step before it (``optimizer_every``); its cost is timed apart: the time two
+probes that differ only in it spend in their calls over such a pair, amortised over
+each period in ``--optimizer-every``.
 
 Usage::
 
@@ -66,6 +69,49 @@ def _step(model, optimizer, x, y, probe=None) -> tuple[float, float]:
     return time.perf_counter() - start, in_probe
 
 
+def _timed(call, sync) -> float:
+    sync()
+    mark = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - mark
+
+
+def _optimizer_pair(model, optimizer, batch, repeats: int = 6) -> float:
+    """Seconds the optimizer group adds to the probe's calls over its lead and due steps.
+
+    Two probes on the one model, alike but for ``optimizer_every`` (the default, and 0),
+    are both called at every step of a pair, first one then the other, in alternating
+    order (the first after the backward meets cold caches); the every-step groups are on
+    in both, so the group's parameter sketch is the update group's as at the defaults.
+    The probe-batch and system groups are off: they would fall on the due step too.
+    """
+    period = ProbeConfig().optimizer_every
+    quiet = {"attention_every": 0, "system_every": 0}
+    arms = [Probe(model, optimizer, ProbeConfig(**quiet, optimizer_every=p)) for p in (period, 0)]
+    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+    extra = []
+    for k in range(1, repeats + 1):
+        spent = [0.0, 0.0]
+        order = (0, 1) if k % 2 else (1, 0)
+        for probe in arms:
+            probe.step = period * k - 1  # the lead step, then the due step
+        for _ in range(2):
+            x, y = batch()
+            _, loss = model(x, y)
+            loss.backward()
+            for i in order:
+                spent[i] += _timed(lambda i=i, loss=loss: arms[i].after_backward(loss), sync)
+            optimizer.step()
+            for i in order:
+                spent[i] += _timed(arms[i].after_step, sync)
+            optimizer.zero_grad(set_to_none=True)
+        extra.append(spent[0] - spent[1])
+    for probe in arms:
+        probe.close()
+    return statistics.median(extra)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="measured steps per arm")
@@ -78,6 +124,11 @@ def main() -> None:
         "--attention-every",
         default="10,25,50",
         help="attention periods to report the amortised overhead for (comma-separated)",
+    )
+    parser.add_argument(
+        "--optimizer-every",
+        default="5,10,25",
+        help="optimizer-state periods to report that group's amortised cost for",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -120,6 +171,8 @@ def main() -> None:
         probe.step = 100 * (probe.step // 100 + 1)
         periodic.append(_step(probed_model, probed_opt, *batch(), probe=probe)[1])
 
+    pair = _optimizer_pair(probed_model, probed_opt, batch)
+
     median = {arm: statistics.median(t) for arm, t in times.items()}
     base = median["without"]
     every_step = statistics.median(in_probe)
@@ -140,6 +193,11 @@ def main() -> None:
         amortized = every_step + extra / period
         mark = " (default)" if period == default else ""
         print(f"  overhead, attention every {period:>3} steps{mark}: {amortized / base:.2%}")
+    print(f"  optimizer group, a lead + due pair: {pair * 1e3:.2f} ms in the probe's calls")
+    default = ProbeConfig().optimizer_every
+    for period in (int(p) for p in args.optimizer_every.split(",")):
+        mark = " (default)" if period == default else ""
+        print(f"  optimizer group, every {period:>3} steps{mark}: {pair / period / base:.3%}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,16 @@ gpu_power_w               system      GPU power draw, watts (NaN without NVML)
 gpu_mem_used              system      GPU memory used, bytes (NaN without a GPU)
 sharpness                 curvature   top Hessian eigenvalue (power iteration)
 sharpness_lr              curvature   sharpness x lr (edge of stability when near 2)
+opt_v_lag_frac            optimizer   Adam: share of sketch coords with g^2 < v_hat/10
+opt_v_lag_log             optimizer   Adam: mean log(g^2 / v_hat) (eps-floored, nats)
+opt_m_rms                 optimizer   Adam: RMS of the bias-corrected first moment
+opt_v_rms                 optimizer   Adam: RMS of 1 / (sqrt(v_hat) + eps)
+opt_update_rms            optimizer   RMS of the update / lr (sketch)
+opt_update_spread         optimizer   std of ln(update/weight norm ratio) over matrices
+opt_momentum_cos          optimizer   cosine of the momentum with the gradient
+opt_sign_agree            optimizer   Lion: share of coords moved against the gradient
+opt_ortho_rms             optimizer   Muon: RMS of the update / lr on its matrices
+stability_margin          optimizer   lr x curvature along the update / threshold (1: edge)
 ========================  ==========  =============================================
 """
 
@@ -130,6 +140,18 @@ SIGNALS: tuple[Signal, ...] = (
     # curvature: costly, off by default
     Signal("sharpness", "curvature", period=0),
     Signal("sharpness_lr", "curvature", period=0),
+    # optimizer group: the optimizer's state at the update sketch's coordinates, every 10
+    # steps (and the step before, for the margin's consecutive gradients)
+    Signal("opt_v_lag_frac", "optimizer", period=10),
+    Signal("opt_v_lag_log", "optimizer", period=10),
+    Signal("opt_m_rms", "optimizer", period=10),
+    Signal("opt_v_rms", "optimizer", period=10),
+    Signal("opt_update_rms", "optimizer", period=10),
+    Signal("opt_update_spread", "optimizer", period=10),
+    Signal("opt_momentum_cos", "optimizer", period=10),
+    Signal("opt_sign_agree", "optimizer", period=10),
+    Signal("opt_ortho_rms", "optimizer", period=10),
+    Signal("stability_margin", "optimizer", period=10),  # Cohen et al. 2022's threshold
 )
 
 SIGNAL_NAMES: tuple[str, ...] = tuple(s.name for s in SIGNALS)

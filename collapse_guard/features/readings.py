@@ -52,6 +52,13 @@ _RATIO_REASONS = {
     "lr": "set per optimizer and model size",
     "loss_scale": "a power of two chosen by the GradScaler's initial scale",
     "sharpness": "top Hessian eigenvalue: depends on the parametrisation",
+    # the optimizer's state: the gradient's scale (m), its inverse (1/sqrt(v)); the
+    # update per unit LR is dimensionless for Adam and Lion but the gradient's scale for
+    # SGD, and Muon's is set by its LR adjustment (0.2 x sqrt(fan) or sqrt(shape ratio))
+    "opt_m_rms": "the gradient's scale: loss scale, width, AMP",
+    "opt_v_rms": "1 / the gradient's scale",
+    "opt_update_rms": "~1 for Adam and Lion, the momentum's scale for SGD",
+    "opt_ortho_rms": "Muon's LR adjustment (adjust_lr_fn) and the matrices' shapes",
     # machine telemetry: the machine and the model's size (the model does not read them,
     # predictor.training.data.MODEL_SIGNALS; kept scale-free for any model that does)
     "host_mem_available": "bytes of the machine",
@@ -66,7 +73,9 @@ _SHIFT_REASONS = {
 
 # Every other signal is dimensionless or bounded (cosines, fractions, counts in a fixed
 # range, entropies that collapse towards 0, sharpness x lr near 2 at the edge of
-# stability): its level means the same on any model, and its seed threshold applies.
+# stability, the stability margin near 1 there, log(g^2 / v) and the spread of
+# ln(update / weight) in nats): its level means the same on any model, and its seed
+# threshold applies.
 READINGS = MappingProxyType(
     {**dict.fromkeys(_RATIO_REASONS, RATIO), **dict.fromkeys(_SHIFT_REASONS, SHIFT)}
 )

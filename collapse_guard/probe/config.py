@@ -28,6 +28,8 @@ class ProbeConfig:
     # every 10 steps, not 50: entropy collapse can fall from 1.3 to 0.01 nats in 40 steps
     # (the demo run), and the 6x256 benchmark model pays 2.3% of step time at 10 against
     # 1.5% at 50 (benchmarks/probe_overhead.py, loaded 2-core machine, 2026-11-30)
+    optimizer_every: int = 10  # optimizer state at the sketch, at the due step and the one
+    # before it (the stability margin compares their gradients): ~9 sketch gathers a pair
     system_every: int = 100  # reads /proc and NVML: host calls, no need to be frequent
     sharpness_every: int = 0  # off: power iteration costs ~2 x sharpness_iters backward passes
 

@@ -43,6 +43,7 @@ from collapse_guard.probe.capture import (
 from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.gradients import GradientGroup
 from collapse_guard.probe.layout import find_blocks, find_logits_module
+from collapse_guard.probe.optimizer_state import OptimizerStateGroup
 from collapse_guard.probe.outputs import OutputGroup, PredictionGroup
 from collapse_guard.probe.recorder import open_writer
 from collapse_guard.probe.sharpness import SharpnessGroup, loss_of
@@ -72,6 +73,7 @@ _module.register_module_module_registration_hook(_registered)
 GROUPS: tuple[type[SignalGroup], ...] = (
     GradientGroup,
     UpdateGroup,
+    OptimizerStateGroup,
     OutputGroup,
     AmpGroup,
     AttentionGroup,
@@ -179,8 +181,9 @@ class Probe:
         return self._batch
 
     def _due(self, group: SignalGroup) -> bool:
+        """Whether ``group`` runs this step: a due step, or one of its ``lead`` steps."""
         period = getattr(self.config, group.period_field)
-        return period > 0 and self.step % period == 0
+        return period > 0 and any((self.step + k) % period == 0 for k in range(group.lead + 1))
 
     def _state(self, event: Event, **fields: Any) -> ProbeState:
         return ProbeState(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -67,6 +67,9 @@ class ProbeState:
     # the model's trainable parameters, listed once per event by the probe (a walk over
     # the modules costs ~0.3 ms on a small GPT; the groups share it)
     params: list | None = None
+    # the parameters' sketch at this event, gathered once for every sketched group (they
+    # share the coordinates: updates.SketchedGroup._param_sketch)
+    sketches: dict = field(default_factory=dict)
 
     def trainable(self) -> list:
         """The trainable parameters (``params``, or the model's when none were given)."""
@@ -83,6 +86,9 @@ class SignalGroup:
     events: ClassVar[frozenset[Event]] = frozenset({Event.AFTER_STEP})
     # True: the probe runs update() with the model in eval mode and the RNG forked
     isolated: ClassVar[bool] = False
+    # steps before each due step at which update() runs too, to read what the due step
+    # compares against (consecutive gradients); their records hold NaN for the group
+    lead: ClassVar[int] = 0
 
     def __init__(self, config: ProbeConfig | None = None) -> None:
         self.config = config or ProbeConfig()

@@ -31,7 +31,7 @@ import torch
 
 from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
-__all__ = ["UpdateGroup"]
+__all__ = ["SketchedGroup", "UpdateGroup"]
 
 # On the CPU the flat gather (one copy of every parameter, then one index_select) beats
 # one index_select a tensor while the tensors are this small on average: measured with
@@ -41,10 +41,10 @@ __all__ = ["UpdateGroup"]
 _FLAT_CPU_MEAN_NUMEL = 8192
 
 
-class UpdateGroup(SignalGroup):
-    keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
-    period_field = "update_every"
-    events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
+class SketchedGroup(SignalGroup):
+    """Base of the groups that read tensors shaped like the parameters (the parameters,
+    their gradients, optimizer state) at the sketch's coordinates: the same coordinates
+    for every such group, since they are drawn from ``sketch_seed`` alone."""
 
     def reset(self) -> None:
         super().reset()
@@ -53,19 +53,14 @@ class UpdateGroup(SignalGroup):
         self._flat_index: torch.Tensor | None = None  # the same, into the concatenation
         self._mixed = False  # parameters on several devices or of several dtypes
         self._segment: torch.Tensor | None = None  # sketch position -> tensor number
-        self._weights: torch.Tensor | None = None  # tensor numbers counted by update_ratio
-        self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
-        self._last: torch.Tensor | None = None  # sketch after the last measured step
-        self._previous: torch.Tensor | None = None  # last non-zero update, per tensor
-        self._previous_norm: torch.Tensor | None = None  # its norm, where already known
-        self._flips: torch.Tensor | None = None  # (flip_window, tensors) reversal flags
-        self._count = 0  # measured updates so far (ring position of _flips)
+        self._weights: torch.Tensor | None = None  # tensor numbers of the weight matrices
 
-    def _setup(self, params: list[torch.nn.Parameter]) -> None:
-        """Choose the sketch coordinates; forget history if the parameter set changed."""
+    def _setup(self, params: list[torch.nn.Parameter]) -> bool:
+        """Choose the sketch coordinates; forget history if the parameter set changed.
+        Returns True when it did (a subclass then sets up its own history)."""
         ids = tuple(id(p) for p in params)
         if ids == self._param_ids:
-            return
+            return False
         self.reset()
         self._param_ids = ids
         generator = torch.Generator().manual_seed(self.config.sketch_seed)
@@ -88,12 +83,14 @@ class UpdateGroup(SignalGroup):
         small = sum(p.numel() for p in params) <= _FLAT_CPU_MEAN_NUMEL * len(params)
         flat = device.type != "cpu" or small
         self._flat_index = self._flat(params, host_index) if flat else None
+        # biases and norm gains start at 0 or 1: ratios to them would dominate
         weights = [n for n, p in enumerate(params) if p.dim() >= 2] or list(range(len(params)))
         self._weights = torch.tensor(weights, device=device)
-        self._flips = torch.zeros(self.config.flip_window, len(params), device=device)
+        return True
 
-    def _sketch(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """The sketch's coordinates of ``params``, as one float32 vector.
+    def _sketch(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The sketch's coordinates of ``params`` (or of tensors shaped like them, one
+        for each), as one float32 vector.
 
         On an accelerator, and on the CPU for small tensors (``_FLAT_CPU_MEAN_NUMEL``),
         one gather over one flat index into the concatenated parameters: two kernels
@@ -111,6 +108,14 @@ class UpdateGroup(SignalGroup):
         if self._mixed:  # several devices or dtypes: each part to the sketch's own
             parts = [part.to(self._segment.device, torch.float32) for part in parts]
         return torch.cat(parts).float()
+
+    def _param_sketch(self, state: ProbeState, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """``_sketch(params)`` at this event, shared with the other sketched groups of the
+        probe (one gather, not one a group; nobody changes a sketch in place)."""
+        key = (self.config.sketch_seed, self.config.sketch_size, self._param_ids)
+        if key not in state.sketches:
+            state.sketches[key] = self._sketch(params)
+        return state.sketches[key]
 
     def _flat(self, params: list[torch.nn.Parameter], host_index: list) -> torch.Tensor | None:
         """The sketch's positions in the parameters laid end to end (None unless every
@@ -134,6 +139,27 @@ class UpdateGroup(SignalGroup):
         n = len(self._lengths)
         return torch.zeros(n, device=values.device).index_add_(0, self._segment, values)
 
+
+class UpdateGroup(SketchedGroup):
+    keys = ("update_cos", "update_flips", "update_ratio", "param_norm")
+    period_field = "update_every"
+    events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_STEP})
+
+    def reset(self) -> None:
+        super().reset()
+        self._before: tuple[int, torch.Tensor] | None = None  # (step, sketch before it)
+        self._last: torch.Tensor | None = None  # sketch after the last measured step
+        self._previous: torch.Tensor | None = None  # last non-zero update, per tensor
+        self._previous_norm: torch.Tensor | None = None  # its norm, where already known
+        self._flips: torch.Tensor | None = None  # (flip_window, tensors) reversal flags
+        self._count = 0  # measured updates so far (ring position of _flips)
+
+    def _setup(self, params: list[torch.nn.Parameter]) -> bool:
+        if not super()._setup(params):
+            return False
+        self._flips = torch.zeros(self.config.flip_window, len(params), device=params[0].device)
+        return True
+
     def _reference(
         self, update: torch.Tensor, update_norm: torch.Tensor, norm: torch.Tensor, host_reads: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -153,7 +179,7 @@ class UpdateGroup(SignalGroup):
         if not params:
             return self
         self._setup(params)
-        sketch = self._sketch(params)
+        sketch = self._param_sketch(state, params)
         if state.event is Event.AFTER_BACKWARD:
             self._before = (state.step, sketch)
             return self

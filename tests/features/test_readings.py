@@ -12,10 +12,15 @@ the same NaN pattern; the test allows rtol 1e-9 and atol 1e-12.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from collapse_guard.features import READINGS, FeatureExtractor, reading
-from collapse_guard.signals import SIGNAL_NAMES
+from collapse_guard.predictor import RiskModel
+from collapse_guard.runfiles.format import RunMeta
+from collapse_guard.runfiles.reader import read_run
+from collapse_guard.runfiles.writer import write_run
+from collapse_guard.signals import SIGNAL_NAMES, SIGNALS
 
 from .traces import rewarm_run
 
@@ -38,6 +43,10 @@ def test_which_signals_are_read_scale_free():
             "host_mem_available",
             "gpu_power_w",
             "gpu_mem_used",
+            "opt_m_rms",
+            "opt_v_rms",
+            "opt_update_rms",
+            "opt_ortho_rms",
         ]
     )
     assert [s for s in SIGNAL_NAMES if reading(s) == "shift"] == ["loss"]
@@ -105,3 +114,44 @@ def test_the_loss_window_features_ignore_its_offset():
     np.testing.assert_allclose(got[loss].to_numpy(), base[loss].to_numpy(), rtol=1e-9, atol=1e-9)
     others = [n for n in fx.schema.names if not n.startswith(("loss__", "ctx__loss"))]
     assert np.array_equal(got[others].to_numpy(), base[others].to_numpy(), equal_nan=True)
+
+
+OPTIMIZER_SIGNALS = [s.name for s in SIGNALS if s.group == "optimizer"]
+
+
+def _old_run_file(tmp_path, frame):
+    """``frame`` as a run file written before the optimizer group existed: no columns."""
+    path = write_run(tmp_path / "new.parquet", frame, RunMeta("r", "real"))
+    table = pq.read_table(path).drop_columns(OPTIMIZER_SIGNALS)  # the footer's meta is kept
+    pq.write_table(table, tmp_path / "old.parquet")
+    return tmp_path / "old.parquet"
+
+
+def test_an_old_run_file_reads_and_gives_nan_optimizer_features(tmp_path):
+    frame = every_signal_run(seed=5)
+    old, _ = read_run(_old_run_file(tmp_path, frame))
+    assert old[OPTIMIZER_SIGNALS].isna().all().all()
+    fx = FeatureExtractor()
+    feats = fx.transform_run(old, stride=17)
+    ours = [n for n in fx.schema.names if n.split("__")[0] in OPTIMIZER_SIGNALS]
+    assert len(ours) == 6 * 9 + 4 * 8  # 6 read as levels, 4 as ratios (none has a threshold)
+    assert feats[ours].isna().all().all()
+    others = [n for n in fx.schema.names if n not in set(ours)]
+    assert np.array_equal(
+        feats[others].to_numpy(),
+        fx.transform_run(frame, stride=17)[others].to_numpy(),
+        equal_nan=True,
+    )
+
+
+def test_the_bundled_model_gives_the_same_risk_to_the_bit_with_or_without_them(tmp_path):
+    model = RiskModel.load()
+    assert not set(model.schema.signals) & set(OPTIMIZER_SIGNALS)  # trained without them
+    frame = every_signal_run(seed=6)
+    rng = np.random.default_rng(6)
+    measured = frame.assign(**{s: rng.lognormal(0, 1, len(frame)) for s in OPTIMIZER_SIGNALS})
+    old, _ = read_run(_old_run_file(tmp_path, measured))
+    risk = np.asarray(model.predict_run(frame, stride=5))
+    assert np.isfinite(risk).all() and risk.std() > 0  # a real risk curve, not a constant
+    assert np.array_equal(np.asarray(model.predict_run(measured, stride=5)), risk)
+    assert np.array_equal(np.asarray(model.predict_run(old, stride=5)), risk)

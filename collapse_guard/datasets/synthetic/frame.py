@@ -77,8 +77,8 @@ def make_frame(spec: RunSpec) -> pd.DataFrame:
     else:
         cols["loss_scale"] = np.full(t.size, math.nan)
         cols["overflow"] = np.zeros(t.size)
-    for name in ("sharpness", "sharpness_lr"):
-        cols[name] = np.full(t.size, math.nan)
+    for name in RUN_COLUMNS[1:-1]:  # what synthetic runs do not model: curvature, optimizer state
+        cols.setdefault(name, np.full(t.size, math.nan))
     steps = t.astype(np.int64)
     for name, period in _PERIOD.items():
         if period > 1:

@@ -56,8 +56,12 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the ru
 # GPU power and memory), which tells what else runs on the machine rather than how the
 # run trains; a model fed it learns the machines its training runs were made on
 # (measured: host_mem_available was among the 20 features with most gain). The probe
-# still records it, for forensics.
-MODEL_SIGNALS: tuple[str, ...] = tuple(s.name for s in SIGNALS if s.group != "system")
+# still records it, for forensics. Nor the optimizer-state family, until an ablation inside
+# LR rises keeps it (issue 34 item 4: the corpus holds none of it yet; the probe records it
+# so that the next runs do).
+MODEL_SIGNALS: tuple[str, ...] = tuple(
+    s.name for s in SIGNALS if s.group not in ("system", "optimizer")
+)
 
 
 @dataclass(frozen=True)
