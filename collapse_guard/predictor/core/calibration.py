@@ -28,7 +28,7 @@ from scipy.special import expit
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-__all__ = ["CALIBRATION_METHODS", "Calibrator"]
+__all__ = ["CALIBRATION_METHODS", "CalibrationDataError", "Calibrator"]
 
 CALIBRATION_METHODS: tuple[str, ...] = ("platt", "isotonic")
 # the numbers each method stores (Calibrator.to_dict's "params")
@@ -36,6 +36,11 @@ _PARAMS = {"platt": ("a", "b"), "isotonic": ("x", "y")}
 
 # log-odds are clipped here so that raw scores of exactly 0 or 1 stay finite
 _EPS = 1e-12
+
+
+class CalibrationDataError(ValueError):
+    """The validation rows cannot calibrate: one outcome only (a fit without them can
+    fall back, as cross-fitting does)."""
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -119,7 +124,7 @@ class Calibrator:
                 f"raw and y must be 1-d of equal length; got {raw.shape} and {y.shape}"
             )
         if raw.size == 0 or len(np.unique(y)) < 2:
-            raise ValueError(
+            raise CalibrationDataError(
                 f"calibration needs both outcomes among the validation rows; got {raw.size} rows "
                 f"with classes {sorted(np.unique(y).tolist())}. Fix: add collapsing and healthy "
                 "runs to the validation split"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from collapse_guard.predictor.core.calibration import CalibrationDataError
 from collapse_guard.predictor.evaluate.groups import NEVER_HELD_OUT, held_out_group
 from collapse_guard.predictor.evaluate.scorer import ModelScorer
 
@@ -97,8 +98,15 @@ def cross_fitted_scores(
         if (why := _unfittable(train, val)) is not None:
             out.reason = f"without {by} {g}: {why}"
             return out
+    models = {}
     for g, (train, val) in folds.items():
-        scorer = ModelScorer(fit(train, val))
+        try:
+            models[g] = fit(train, val)
+        except CalibrationDataError as error:  # collapsed runs, but no positive row among them
+            out.reason = f"without {by} {g}: {error}"
+            return out
+    for g, model in models.items():
+        scorer = ModelScorer(model)
         for run in runs:
             if group[run.run_id] == g:
                 out.scores[run.run_id] = scorer.score_run(run.frame)

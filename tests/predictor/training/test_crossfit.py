@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from predictor_settings import FAST_PARAMS
 
+from collapse_guard.predictor.core.calibration import Calibrator
 from collapse_guard.predictor.core.levels import thresholds_from_budgets
 from collapse_guard.predictor.training.crossfit import cross_fitted_scores
 from collapse_guard.predictor.training.train import fit_and_level
@@ -101,6 +102,21 @@ def test_the_levels_fall_back_to_validation_runs_when_a_fold_cannot_be_fitted(dr
         val = [r for r in val if r.meta.config.get("family") == "gpt" or not r.collapsed]
     cross = cross_fitted_scores(train, val, fit=lambda tr, va: pytest.fail("no fold is fitted"))
     assert not cross.fitted and cross.reason == reason and not cross.scores
+
+
+def test_a_fold_whose_collapses_give_no_positive_row_falls_back_too():
+    # every fold has a collapsed validation run, but without gpt the rows hold no positive
+    # (a collapse past the last window, say): the calibration's own error, not a crash
+    train, val = _runs()
+
+    def fit(train, val):
+        if "gpt" not in {r.meta.config.get("family") for r in val}:
+            Calibrator().fit(np.array([0.2, 0.4]), np.array([0, 0]))
+        return _FamilyModel(train, val)
+
+    cross = cross_fitted_scores(train, val, fit=fit)
+    assert not cross.fitted and not cross.scores
+    assert cross.reason.startswith("without family gpt: calibration needs both outcomes")
 
 
 @pytest.fixture(scope="module")
