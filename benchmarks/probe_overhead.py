@@ -35,6 +35,7 @@ import torch
 
 from collapse_guard.datasets.real.model import GPT, GPTConfig
 from collapse_guard.probe import Probe, ProbeConfig
+from collapse_guard.probe.config import RECORDED_OPTIMIZER_EVERY
 
 __all__ = ["main"]
 
@@ -80,13 +81,13 @@ def _timed(call, sync) -> float:
 def _optimizer_pair(model, optimizer, batch, repeats: int = 6) -> float:
     """Seconds the optimizer group adds to the probe's calls over its lead and due steps.
 
-    Two probes on the one model, alike but for ``optimizer_every`` (the default, and 0),
+    Two probes on the one model, alike but for ``optimizer_every`` (the recorder's period, and 0),
     are both called at every step of a pair, first one then the other, in alternating
     order (the first after the backward meets cold caches); the every-step groups are on
     in both, so the group's parameter sketch is the update group's as at the defaults.
     The probe-batch and system groups are off: they would fall on the due step too.
     """
-    period = ProbeConfig().optimizer_every
+    period = RECORDED_OPTIMIZER_EVERY
     quiet = {"attention_every": 0, "system_every": 0}
     arms = [Probe(model, optimizer, ProbeConfig(**quiet, optimizer_every=p)) for p in (period, 0)]
     sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
@@ -194,9 +195,8 @@ def main() -> None:
         mark = " (default)" if period == default else ""
         print(f"  overhead, attention every {period:>3} steps{mark}: {amortized / base:.2%}")
     print(f"  optimizer group, a lead + due pair: {pair * 1e3:.2f} ms in the probe's calls")
-    default = ProbeConfig().optimizer_every
     for period in (int(p) for p in args.optimizer_every.split(",")):
-        mark = " (default)" if period == default else ""
+        mark = " (recorded runs)" if period == RECORDED_OPTIMIZER_EVERY else ""
         print(f"  optimizer group, every {period:>3} steps{mark}: {pair / period / base:.3%}")
 
 

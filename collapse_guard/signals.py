@@ -142,16 +142,16 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("sharpness_lr", "curvature", period=0),
     # optimizer group: the optimizer's state at the update sketch's coordinates, every 10
     # steps (and the step before, for the margin's consecutive gradients)
-    Signal("opt_v_lag_frac", "optimizer", period=10),
-    Signal("opt_v_lag_log", "optimizer", period=10),
-    Signal("opt_m_rms", "optimizer", period=10),
-    Signal("opt_v_rms", "optimizer", period=10),
-    Signal("opt_update_rms", "optimizer", period=10),
-    Signal("opt_update_spread", "optimizer", period=10),
-    Signal("opt_momentum_cos", "optimizer", period=10),
-    Signal("opt_sign_agree", "optimizer", period=10),
-    Signal("opt_ortho_rms", "optimizer", period=10),
-    Signal("stability_margin", "optimizer", period=10),  # Cohen et al. 2022's threshold
+    Signal("opt_v_lag_frac", "optimizer", period=0),
+    Signal("opt_v_lag_log", "optimizer", period=0),
+    Signal("opt_m_rms", "optimizer", period=0),
+    Signal("opt_v_rms", "optimizer", period=0),
+    Signal("opt_update_rms", "optimizer", period=0),
+    Signal("opt_update_spread", "optimizer", period=0),
+    Signal("opt_momentum_cos", "optimizer", period=0),
+    Signal("opt_sign_agree", "optimizer", period=0),
+    Signal("opt_ortho_rms", "optimizer", period=0),
+    Signal("stability_margin", "optimizer", period=0),  # Cohen et al. 2022's threshold
 )
 
 SIGNAL_NAMES: tuple[str, ...] = tuple(s.name for s in SIGNALS)

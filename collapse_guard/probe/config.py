@@ -13,7 +13,12 @@ from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
 
-__all__ = ["ProbeConfig"]
+__all__ = ["RECORDED_OPTIMIZER_EVERY", "ProbeConfig"]
+
+# the optimizer-state group's period where runs are recorded as data (``collapse-guard data
+# real``): off in a user's loop (no model reads it yet), on in the corpus, so that the
+# ablation that would keep it has the runs
+RECORDED_OPTIMIZER_EVERY = 10
 
 
 @dataclass
@@ -28,8 +33,10 @@ class ProbeConfig:
     # every 10 steps, not 50: entropy collapse can fall from 1.3 to 0.01 nats in 40 steps
     # (the demo run), and the 6x256 benchmark model pays 2.3% of step time at 10 against
     # 1.5% at 50 (benchmarks/probe_overhead.py, loaded 2-core machine, 2026-11-30)
-    optimizer_every: int = 10  # optimizer state at the sketch, at the due step and the one
-    # before it (the stability margin compares their gradients): ~9 sketch gathers a pair
+    optimizer_every: int = 0  # off: optimizer state at the sketch, at the due step and the
+    # one before it (the stability margin compares their gradients), ~9 sketch gathers a
+    # pair: 0.14 % of a 6x256 step at 10, but 35-100 % of the README's 2-layer GPT's tiny
+    # step (fixed costs per tensor); no model reads it yet (training.data.MODEL_SIGNALS)
     system_every: int = 100  # reads /proc and NVML: host calls, no need to be frequent
     sharpness_every: int = 0  # off: power iteration costs ~2 x sharpness_iters backward passes
 

@@ -135,7 +135,8 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     """Train one run, record it with the probe, label it and write it to ``path``."""
     import torch
 
-    from collapse_guard.probe import Probe
+    from collapse_guard.probe import Probe, ProbeConfig
+    from collapse_guard.probe.config import RECORDED_OPTIMIZER_EVERY
     from collapse_guard.runfiles.format import RunMeta
     from collapse_guard.runfiles.label import apply_label, label_run
     from collapse_guard.runfiles.reader import read_run
@@ -145,7 +146,7 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     path = Path(path)
     tmp = temp_path(path)
     model, optimizer = build(config)
-    probe = Probe(model, optimizer)
+    probe = Probe(model, optimizer, ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY))
     probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
     try:
         steps_run = train(config, model, optimizer, probe)
