@@ -135,6 +135,7 @@ class Guard:
         )  # fmt: skip
         self.training, self._sync = self.setup.training, self.setup.sync
         self._decide, self._apply = Decider(self.setup), Applier(self.setup)
+        self._holds = {"risk_hold": self.setup.hold, "lr_hold": self._apply.hold}  # kept
         self._rescue, self._marks = Rescuer(self.setup), check.GradientMarks()
         self.run, self._closed = RunState.fresh(self.policy), False
         if preflight and self.rank == 0:
@@ -144,12 +145,12 @@ class Guard:
     def state_dict(self) -> dict[str, Any]:
         """The guard's own state (plain values: loads with ``weights_only=True``)."""
         self._settle()  # a deferred step belongs to the state it left
-        return guard_state(self.run, self.trajectory, self.setup.hold, self.run_id)
+        return guard_state(self.run, self.trajectory, self._holds, self.run_id)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Guard:
         """Restore :meth:`state_dict` (a resumed run keeps its history); returns self."""
         self._sync.forget()  # the state replaces a deferred step
-        load_guard_state(state, self.run, self.trajectory, self.setup.hold)
+        load_guard_state(state, self.run, self.trajectory, self._holds)
         self.probe.step = self.run.step_index
         return self
 

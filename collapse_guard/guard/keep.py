@@ -348,20 +348,25 @@ def drop_unkept_rows(folder: Path, checkpoint: Path, run_id: str, step: int, own
         )
 
 
-def guard_state(run: RunState, trajectory: Trajectory, hold: Any, run_id: str) -> dict[str, Any]:
+def guard_state(
+    run: RunState, trajectory: Trajectory, holds: Mapping[str, Any], run_id: str
+) -> dict[str, Any]:
     """``Guard.state_dict()``: the run's kept fields (with the run file's id, which a
-    resumed run continues, and the risk hold: a warning held before resuming holds on)
-    and the trajectory."""
-    kept_run = {**run.state_dict(), "run_id": run_id, "risk_hold": hold.state_dict()}
+    resumed run continues) and the trajectory. ``holds``: key -> an object with
+    ``state_dict`` kept beside them (the risk hold: a warning held before resuming holds
+    on; the warn's LR hold: a rise stopped stays stopped)."""
+    kept_holds = {key: hold.state_dict() for key, hold in holds.items()}
+    kept_run = {**run.state_dict(), "run_id": run_id, **kept_holds}
     return {"version": STATE_VERSION, "run": kept_run, "trajectory": trajectory.state_dict()}
 
 
 def load_guard_state(
-    state: Mapping[str, Any], run: RunState, trajectory: Trajectory, hold: Any
+    state: Mapping[str, Any], run: RunState, trajectory: Trajectory, holds: Mapping[str, Any]
 ) -> None:
-    """Restore :func:`guard_state` into ``run``, ``trajectory`` and ``hold``."""
+    """Restore :func:`guard_state` into ``run``, ``trajectory`` and ``holds``."""
     check_version(state)
     run.load_state_dict(state["run"])
-    if "risk_hold" in state["run"]:  # absent in checkpoints saved before the hold
-        hold.load_state_dict(state["run"]["risk_hold"])
+    for key, hold in holds.items():
+        if key in state["run"]:  # absent in checkpoints saved before that hold
+            hold.load_state_dict(state["run"][key])
     trajectory.load_state_dict(state["trajectory"])

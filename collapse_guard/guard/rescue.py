@@ -173,7 +173,7 @@ def lift_cap(
     force. Returns its events (``lr_lift:<cap>``, ``lr_ceiling:off``, ``lr_fall:..``)."""
     if not math.isfinite(run.lr_ceiling) or decision.rescue or not policy.lr_lift_steps:
         return []
-    if decision.level >= WARN or loss_warns:
+    if policy.acting_level(decision.level) >= WARN or loss_warns:  # a warn the guard acts on
         fall = not run.lift_troubled and run.lr_ceiling > run.lr_floor
         run.lift_troubled, run.lift_quiet = True, 0
         return _fall(run, lrs[1], policy) if fall else []

@@ -11,7 +11,8 @@ name                        value
 ``guard/level``             the level in force as a number: ok 0, watch 1, warn 2,
                             critical 3
 ``guard/lr_scale``          the factor on the loop's LR now: the level's multiplier
-                            under the rescues' cap (1.0: the loop's own LR)
+                            under the rescues' cap and the warn's hold (1.0: the
+                            loop's own LR)
 ``guard/actions/skip``      updates skipped so far (``guard.summary()["skipped"]``)
 ``guard/actions/rescue``    rescues so far (``"rescues"``)
 ``guard/actions/checkpoint``  healthy checkpoints written (``"checkpoints"``)
@@ -58,17 +59,18 @@ def guard_metrics(guard: Any) -> dict[str, float]:
     if math.isfinite(run.probability):
         metrics[f"{PREFIX}risk"] = float(run.probability)
     metrics[f"{PREFIX}level"] = float(run.level.rank)  # a Level: ok 0 .. critical 3
-    metrics[f"{PREFIX}lr_scale"] = _lr_scale(run)
+    metrics[f"{PREFIX}lr_scale"] = _lr_scale(run, summary.get("lr_hold", math.inf))
     for action, key in _ACTIONS.items():
         metrics[f"{PREFIX}actions/{action}"] = float(summary[key])
     return metrics
 
 
-def _lr_scale(run: Any) -> float:
-    """The level's multiplier, or less where the rescues' cap binds at the loop's LR."""
-    loop_lr = run.loop_lrs[-1] if run.loop_lrs else 0.0
-    if loop_lr > 0 and loop_lr * run.lr_multiplier > run.lr_ceiling:
-        return float(run.lr_ceiling / loop_lr)
+def _lr_scale(run: Any, hold: float) -> float:
+    """The level's multiplier, or less where the rescues' cap or the warn's hold (its
+    ceiling: ``hold``) binds at the loop's LR."""
+    loop_lr, ceiling = (run.loop_lrs[-1] if run.loop_lrs else 0.0), min(run.lr_ceiling, hold)
+    if loop_lr > 0 and loop_lr * run.lr_multiplier > ceiling:
+        return float(ceiling / loop_lr)
     return float(run.lr_multiplier)
 
 

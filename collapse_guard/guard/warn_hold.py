@@ -15,8 +15,9 @@ LR the step would run at, and the hold is gone::
         +------------------- lr_hold:off (over the step's LR) <--------------------+
 
 The ceiling lives in the host's applier (apply.py) and a rollback keeps it, as it keeps
-the rescues' cap; steps do not defer while it is on (deferred.py's device path knows
-only the rescues' cap).
+the rescues' cap; a checkpoint carries it (``Guard.state_dict()``'s ``run["lr_hold"]``), so
+a resumed run is held where it stopped; steps do not defer while it is on (deferred.py's
+device path knows only the rescues' cap).
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class WarnHold:
             return []
         self.ceiling = math.inf
         return ["lr_hold:off"]
+
+    def state_dict(self) -> dict[str, float | int]:
+        """Plain values (a checkpoint loads with ``weights_only=True``)."""
+        return {"ceiling": float(self.ceiling), "holds": int(self.holds)}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.ceiling, self.holds = float(state["ceiling"]), int(state["holds"])
 
     def summary(self) -> dict[str, float | int]:
         """The guard summary's part: holds begun, and the ceiling now (inf: none)."""

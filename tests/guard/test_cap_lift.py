@@ -76,6 +76,14 @@ def test_an_excursion_falls_no_lower_than_the_rescue_and_an_unrisen_cap_does_not
     assert run.lr_ceiling == 1e-3 and run.lr_edge == 1.5e-3
 
 
+def test_with_the_forecasts_actions_off_a_warn_neither_lowers_nor_stalls_the_cap():
+    reactive = GuardPolicy(lr_lift_steps=20, forecast_actions=False)
+    run = _capped(1e-3)
+    _steps(run, 20, policy=reactive)  # 1.5e-3
+    assert _steps(run, 20, level=WARN, policy=reactive) == ["lr_lift:0.00225"]
+    assert run.lr_edge == math.inf and not run.lift_troubled
+
+
 def test_lr_lift_steps_zero_keeps_the_cap_for_the_run():
     run = _capped(1e-3)
     assert _steps(run, 500, policy=GuardPolicy(lr_lift_steps=0)) == [] and run.lr_ceiling == 1e-3

@@ -13,6 +13,7 @@ import torch
 from guard_helpers import Loop, tiny_model
 
 from collapse_guard.guard import Guard, GuardPolicy
+from collapse_guard.guard.trackers import guard_metrics
 
 RISE = 1.05  # the loop's LR rises 5 % a step: a ramp, never a jump (lr_jump_ratio 2)
 
@@ -55,6 +56,32 @@ def test_warn_holds_the_lr_while_the_schedule_rises_and_releases_it_after(tmp_pa
     events = [e for _, e in guard.events if e.startswith("lr_hold")]
     assert events == [f"lr_hold:{held:.3g}", "lr_hold:off"]
     assert guard.summary()["lr_holds"] == 1 and guard.summary()["lr_hold"] == math.inf
+
+
+def test_a_resumed_run_stays_held_and_the_trackers_lr_scale_shows_the_hold(tmp_path, fixed_risk):
+    loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, {8: "warn"}, 20, warn_action="hold")
+    held = loop_lrs[10]
+    assert in_force[-1] == pytest.approx(held)
+    # the loop's LR is 1.05^9 = 1.55x the held one: the tracker's factor is the hold's
+    assert guard_metrics(guard)["guard/lr_scale"] == pytest.approx(held / loop_lrs[-1])
+    torch.save(guard.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    policy = {"risk_every": 1, "warn_action": "hold", "outlier_z": 1e9}
+    model, opt = tiny_model()
+
+    def first_step_lr(state, folder) -> float:
+        back = Guard(model, opt, folder, risk=fixed_risk("warn"), policy=policy)
+        back.load_state_dict(state)
+        for group in opt.param_groups:
+            group["lr"] = 2 * loop_lrs[-1]
+        back.step(Loop().loss(model))
+        opt.zero_grad()
+        back.close()
+        return back.lr_in_force
+
+    assert first_step_lr(state, tmp_path / "b") == pytest.approx(held)  # held on at resume
+    del state["run"]["lr_hold"]  # a checkpoint saved before the hold was kept: it loads
+    assert first_step_lr(state, tmp_path / "c") == pytest.approx(2 * loop_lrs[-1])
 
 
 def test_warn_scales_the_lr_by_default(tmp_path, fixed_risk):
