@@ -97,6 +97,19 @@ def test_readme_lists_the_commands():
     assert {"data", "train", "evaluate", "predict", "serve"} <= names
 
 
+def test_ci_runs_the_readmes_test_command_and_then_the_tests_it_leaves_out():
+    root = Path(__file__).resolve().parents[1]
+    (test_line,) = [line for line in text().splitlines() if line.startswith("make test")]
+    assert test_line.split("#")[0].split() == ["make", "test"]
+    ci = [line for line in (root / ".ci/run").read_text().splitlines() if line.startswith("make")]
+    assert ci == ["make test", "make test-slow"]
+    makefile = (root / "Makefile").read_text()
+    recipes = dict(re.findall(r"^(test[\w-]*): \$\(STAMP\)\n\t(.+)$", makefile, flags=re.M))
+    assert recipes["test"].endswith('pytest -q -m "not slow"')  # the two runs: every test once
+    assert recipes["test-slow"].endswith("pytest -q -m slow")
+    assert recipes["test-all"].endswith("pytest -q")
+
+
 def test_every_readme_command_parses_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for line in _command_lines():  # the files the lines name, where a command checks them

@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help=f"folder of real run files; repeat for more (default: every folder under {CORPUS_PACK})",
+        help=f"folder of real run files; repeat for more (default: every folder under "
+        f"{CORPUS_PACK})",
     )
     parser.add_argument(
         "--out",

@@ -192,6 +192,5 @@ def test_a_model_with_opt_in_context_fields_saves_loads_and_scores_the_same(
     assert set(OPT_IN_CONTEXT) <= set(model.schema.context)
     loaded = RiskModel.load(model.save(tmp_path / "m"))
     assert loaded.extractor.schema.names == model.schema.names
-    np.testing.assert_array_equal(
-        loaded.predict_run(frame, stride=7).to_numpy(), model.predict_run(frame, stride=7).to_numpy()
-    )
+    scored = [m.predict_run(frame, stride=7).to_numpy() for m in (loaded, model)]
+    np.testing.assert_array_equal(*scored)
