@@ -11,6 +11,7 @@ checkpoint loads with ``weights_only=True``), the others live for one process on
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -227,8 +228,27 @@ class Trajectory:
         self.online.load_state_dict(state["online"])
         self.window.load(state["window_steps"], state["window"])
         if self.context is not None and state["context"] is not None:
-            self.context.load_state_dict(state["context"])
+            self._load_context(state["context"])
         self.lr_in_force = float(state.get("lr_in_force", math.nan))
+
+    def _load_context(self, saved: Mapping[str, Any]) -> None:
+        """The risk model's run context back; one another version saved (or of other
+        signals) is rebuilt from the window's rows instead: a checkpoint of an older
+        collapse-guard still resumes, its run-long fields starting from the window."""
+        try:
+            self.context.load_state_dict(saved)
+        except (ValueError, TypeError, KeyError) as error:
+            window = self.window.window()
+            self.context.reset()
+            for step, row in zip(window.steps.tolist(), window.values.tolist(), strict=True):
+                self.context.update(step, dict(zip(window.signals, row, strict=True)))
+            warnings.warn(
+                f"collapse-guard: the checkpoint's run context does not load ({error}); "
+                f"rebuilt from the {len(window.steps)} steps of its risk window, so the "
+                "fields that span the run (the early loss, the LR's peak) start there",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 @dataclass

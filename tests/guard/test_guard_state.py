@@ -102,6 +102,28 @@ def test_resume_keeps_the_guards_history(tmp_path):
     assert meta.extra["guard"]["events"][-1] == "41:resume:guard-000000041.pt"
 
 
+def test_a_checkpoint_whose_run_context_another_version_saved_resumes_rebuilt(tmp_path):
+    model, opt = tiny_model()
+    loop = Loop()
+    guard = Guard(model, opt, tmp_path, record=False)  # the bundled model: a run context
+    _train(guard, model, opt, loop, 30)
+    state = guard.state_dict()
+    now = guard.trajectory.context.get()
+    guard.close()
+    old = state["trajectory"]["context"]  # the 13 slots a run kept before issue 34
+    old["run"] = old["run"][:13]
+    back = Guard(model, opt, tmp_path / "b", record=False)
+    with pytest.warns(RuntimeWarning, match="rebuilt from the 30 steps of its risk window"):
+        back.load_state_dict(state)
+    rebuilt = back.trajectory.context
+    assert rebuilt.step == 29
+    # the window holds every step of this run: the rebuilt context is the one it replaced
+    assert rebuilt.get() == pytest.approx(now, nan_ok=True)
+    _train(back, model, opt, loop, 3)  # and the run goes on
+    assert back.step_index == 33
+    back.close()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
