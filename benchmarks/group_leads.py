@@ -322,20 +322,23 @@ def signal_group_ablation(
     *,
     by: str = "family",
     drop: Iterable[str] | None = None,
+    add: Iterable[str] = (),
     extra_context: Iterable[str] = (),
     progress=None,
     **settings,
 ) -> pd.DataFrame:
     """The model with every signal, then without each signal group of ``drop`` (default:
-    every group the model reads), then with each opt-in context field of
+    every group the model reads), then with each group of ``add`` it does not read (the
+    optimizer-state family: ``training.data.MODEL_SIGNALS`` leaves it out until this
+    keeps it), then with each opt-in context field of
     ``extra_context`` (``features.context_fields.OPT_IN_CONTEXT``) and, for several, with
     all of them; each trained and tested leave-one-``by``-out
     (``training.holdout.leave_one_group_out``, no baselines; ``config`` and ``settings``
     as there).
 
-    One row per variant (``signals``: ``all``, ``without <group>``, ``with <field>``,
-    ``with extra context``): ``n_signals``, then the mean over held-out groups of the
-    model at its stored warn level: ``recall``, ``median_lead``, ``fa_per_10k``;
+    One row per variant (``signals``: ``all``, ``without <group>``, ``with <group>``,
+    ``with <field>``, ``with extra context``): ``n_signals``, then the mean over held-out
+    groups of the model at its stored warn level: ``recall``, ``median_lead``, ``fa_per_10k``;
     ``develops_recall``, the collapses that develop caught (pooled over the folds); and
     inside LR rises and outside (``evaluate.rises``): ``inside_fa_per_10k``,
     ``inside_roc_auc``, ``outside_fa_per_10k``, ``outside_roc_auc``.
@@ -354,11 +357,24 @@ def signal_group_ablation(
             f"drop names signal groups the model does not read: {unknown}; "
             f"it reads {present}. Fix: drop some of those"
         )
+    add = list(add)
+    absent = sorted({*group_of.values()} - set(present))
+    if set(add) - set(absent):
+        raise ValueError(
+            f"add names {sorted(set(add) - set(absent))}; the groups the model does not read "
+            f"are {absent}. Fix: add some of those"
+        )
     variants = {"all": config} | {
         f"without {g}": config.replace(
             signals=tuple(s for s in config.signals if group_of.get(s) != g)
         )
         for g in drop
+    }
+    variants |= {
+        f"with {g}": config.replace(
+            signals=(*config.signals, *(s for s, of in group_of.items() if of == g))
+        )
+        for g in add
     }
     extra = tuple(extra_context)
     variants |= {f"with {n}": config.replace(extra_context=(n,)) for n in extra}

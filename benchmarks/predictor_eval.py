@@ -2,7 +2,7 @@
 
     python benchmarks/predictor_eval.py --runs DIR [--runs DIR ...] [--model SOURCE]
         [--leave-one-out family|optimizer|data] [--no-synthetic] [--gain K]
-        [--budget FA] [--separability] [--ablate all|GROUP,GROUP]
+        [--budget FA] [--separability] [--ablate all|GROUP,GROUP] [--add-groups GROUP,GROUP]
         [--extra-context all|FIELD,FIELD] [--markdown]
 
 Scored: only the runs the model never trained or validated on (their ids are stored in
@@ -35,7 +35,9 @@ Printed:
 7. with ``--ablate``: the model with every signal, then without each signal group named
    (``all``: every group it reads), each leave-one-out (``--leave-one-out``'s grouping,
    else family), inside LR rises and outside (``group_leads.signal_group_ablation``);
-   ``--extra-context`` adds the model with each opt-in run-context field named
+   ``--add-groups`` adds the model with each signal group it does not read (``optimizer``:
+   the optimizer-state family, issue 34 item 4); ``--extra-context`` the model with each
+   opt-in run-context field named
    (``all``: every one of ``features.context_fields.OPT_IN_CONTEXT``), and with all of
    them; alone (without ``--ablate``) it runs only those beside the model as it is.
 
@@ -447,6 +449,7 @@ def _print_ablation(console, records, args, md: list[str]) -> None:
         runs,
         by=by,
         drop=drop,
+        add=[g for g in (args.add_groups or "").split(",") if g],
         extra_context=OPT_IN_CONTEXT if extra == "all" else [n for n in extra.split(",") if n],
         eval_budget_per_10k=args.budget,
         progress=console.log,
@@ -490,6 +493,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="GROUPS",
         help="also train leave-one-out without each signal group (comma list, or 'all'), "
         "read inside LR rises and outside",
+    )
+    parser.add_argument(
+        "--add-groups",
+        default=None,
+        metavar="GROUPS",
+        help="ablation: also train leave-one-out with each signal group the model does not "
+        "read (comma list, e.g. optimizer)",
     )
     parser.add_argument(
         "--extra-context",
@@ -655,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
             holdout_rise_rows(holdout),
             md,
         )
-    if args.ablate or args.extra_context:
+    if args.ablate or args.extra_context or args.add_groups:
         _print_ablation(console, records, args, md)
     if args.markdown:
         print("\n" + "\n".join(md))

@@ -25,6 +25,7 @@ from collapse_guard.predictor.evaluate import (
 )
 from collapse_guard.runfiles import RunMeta, read_run, write_run
 from collapse_guard.runfiles.records import RunRecord, find_run_files, load_runs
+from collapse_guard.signals import SIGNALS
 
 WARN_POINT = "level:warn"
 CORPUS = Path(__file__).parents[3] / "corpus" / "real"
@@ -286,13 +287,16 @@ def test_signal_group_ablation_reads_each_variant_inside_rises():
         of = [r for r in records if r.meta.config.get("family") == family]
         runs += [r for r in of if r.meta.onset_step is not None][:4]
         runs += [r for r in of if r.meta.onset_step is None][:4]
-    table = signal_group_ablation(runs, drop=["attention"], levels_by=None)
-    assert table["signals"].tolist() == ["all", "without attention"]
-    full, without = table["n_signals"]
-    assert without < full
+    table = signal_group_ablation(runs, drop=["attention"], add=["optimizer"], levels_by=None)
+    assert table["signals"].tolist() == ["all", "without attention", "with optimizer"]
+    full, without, added = table["n_signals"]
+    optimizer_family = [s for s in SIGNALS if s.group == "optimizer"]
+    assert without < full and added == full + len(optimizer_family) == full + 10
     for column in ("inside_fa_per_10k", "outside_fa_per_10k"):
         assert (table[column] >= 0).all()
     for column in ("inside_roc_auc", "outside_roc_auc"):
         assert table[column].between(0, 1).all()
     with pytest.raises(ValueError, match="does not read"):
         signal_group_ablation(runs, drop=["colour"])
+    with pytest.raises(ValueError, match="the groups the model does not read are"):
+        signal_group_ablation(runs, add=["attention"])  # read already
