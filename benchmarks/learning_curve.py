@@ -169,15 +169,11 @@ def fold_row(
     with the ids each part used. ``rows``: a training-row builder (a shared ``RowCache``);
     ``features``: :func:`heldout_features` of ``test``."""
     from collapse_guard.predictor.evaluate import evaluate_runs
-    from collapse_guard.predictor.training.data import build_training_data, split_runs
+    from collapse_guard.predictor.training.data import build_training_data
+    from collapse_guard.predictor.training.holdout import train_validation_split
     from collapse_guard.predictor.training.train import fit_and_level
 
-    shares = (1 - validation_share, validation_share, 0)
-    split = split_runs([r.meta for r in pool], seed=config.seed, fractions=shares)
-    # split_runs deals every split a run of each stratum; there is no test split here
-    train_ids = set(split.train) | set(split.test)
-    train = [r for r in pool if r.run_id in train_ids]
-    val = [r for r in pool if r.run_id in set(split.validation)]
+    train, val = train_validation_split(pool, config.seed, validation_share)
     model = fit_and_level(train, val, config, rows=rows or build_training_data)
     report = evaluate_runs(
         test,
@@ -202,8 +198,8 @@ def fold_row(
         "inside_healthy_steps": flat["inside_healthy_steps"],
         "warn": flat["threshold"],
         "levels_from": model.meta["levels_from"]["runs"],
-        "train_ids": sorted(train_ids),
-        "validation_ids": sorted(split.validation),
+        "train_ids": sorted(r.run_id for r in train),
+        "validation_ids": sorted(r.run_id for r in val),
         "test_ids": sorted(r.run_id for r in test),
     }
 

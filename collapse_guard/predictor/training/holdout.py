@@ -39,7 +39,7 @@ from collapse_guard.predictor.training.config import TrainConfig
 from collapse_guard.predictor.training.data import split_runs
 from collapse_guard.predictor.training.train import fit_and_level  # steps 2-5, levels included
 
-__all__ = ["HeldOut", "HoldoutReport", "leave_one_group_out"]
+__all__ = ["HeldOut", "HoldoutReport", "leave_one_group_out", "train_validation_split"]
 
 _FIGURES = ("recall", "median_lead", "fa_per_10k", "caught", "n_collapsed")
 
@@ -180,12 +180,7 @@ def leave_one_group_out(
     for g in held:
         test = [r for r in runs if group[r.run_id] == g]
         rest = [r for r in runs if group[r.run_id] != g]
-        shares = (1 - validation_share, validation_share, 0)
-        split = split_runs([r.meta for r in rest], seed=config.seed, fractions=shares)
-        # split_runs deals every split a run of each stratum; there is no test split here
-        train_ids, val_ids = set(split.train) | set(split.test), set(split.validation)
-        train = [r for r in rest if r.run_id in train_ids]
-        val = [r for r in rest if r.run_id in val_ids]
+        train, val = train_validation_split(rest, config.seed, validation_share)
         if progress is not None:
             progress(f"{by} {g}: train {len(train)}, validation {len(val)}, test {len(test)} runs")
         model = fit_and_level(train, val, config)
@@ -201,9 +196,21 @@ def leave_one_group_out(
                 by,
                 g,
                 tuple(r.run_id for r in test),
-                tuple(sorted(train_ids)),
-                tuple(sorted(val_ids)),
+                tuple(sorted(r.run_id for r in train)),
+                tuple(sorted(r.run_id for r in val)),
                 fold,
             )
         )
     return report
+
+
+def train_validation_split(
+    runs: Sequence, seed: int, validation_share: float = 0.25
+) -> tuple[list, list]:
+    """A fold's training runs split by run into training and validation (early stopping,
+    calibration, levels), stratified as ``split_runs`` splits."""
+    shares = (1 - validation_share, validation_share, 0)
+    split = split_runs([r.meta for r in runs], seed=seed, fractions=shares)
+    # split_runs deals every split a run of each stratum; there is no test split here
+    train_ids, val_ids = set(split.train) | set(split.test), set(split.validation)
+    return [r for r in runs if r.run_id in train_ids], [r for r in runs if r.run_id in val_ids]
