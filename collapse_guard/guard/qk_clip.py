@@ -26,9 +26,12 @@ with its transposed ``Conv1D``), GPT-NeoX's ``query_key_value`` ([q_h; k_h; v_h]
 head),
 ``nn.MultiheadAttention``'s ``in_proj_weight`` (or its separate ``q_proj_weight`` /
 ``k_proj_weight``), or the user's mapping (:class:`QKLayout` per module name, as a
-dict or a callable). The head counts come from the captured call, never from a guess
-at config attributes; anything else, and a module with qk-norm (the norm undoes any
-scale of W_q), is not clipped and named once in a warning.
+dict or a callable). The q head count comes from the captured call; a fused [q; k; v]
+whose module says it has fewer key/value heads (``n_kv_head``, ``num_key_value_heads``
+and their spellings, on it or its ``config``) is split as [q; k; v] of that many (the call
+alone cannot tell a grouped fused layer from equal thirds); anything else, and a module
+with qk-norm (the norm undoes any scale of W_q), is not clipped and named once in a
+warning.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ __all__ = [
 ]
 
 _FUSED = ("qkv", "c_attn", "query_key_value")
+# a module's count of key/value heads, as the libraries spell it (lit-gpt: n_query_groups)
+_KV_HEAD_KEYS = ("n_kv_head", "n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_query_groups")
 _QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 
 # module name -> (per-q-head factor, per-k-head factor): plain floats, so a plan goes
@@ -178,15 +183,30 @@ def find_layout(module: nn.Module, n_heads: int) -> QKLayout | str:
             )
         rows = f"({q.out_features}, {k.out_features})"
         return f"q_proj/k_proj rows {rows} do not split into {n_heads} heads"
+    n_kv = _kv_heads(module, n_heads)
     for name in _FUSED:
-        found = _fused_layout(getattr(module, name, None), name, n_heads)
+        found = _fused_layout(getattr(module, name, None), name, n_heads, n_kv)
         if found is not None:
             return found
     return "no q_proj/k_proj, qkv, c_attn, query_key_value or in_proj_weight"
 
 
-def _fused_layout(child: object, name: str, n_heads: int) -> QKLayout | str | None:
-    """[q; k; v] in one layer: an ``nn.Linear``, or GPT-2's ``Conv1D`` (weight (in, out))."""
+def _kv_heads(module: nn.Module, n_heads: int) -> int:
+    """The module's own count of key/value heads (grouped-query attention: ``n_kv_head``
+    and its spellings, on it or its ``config``), else ``n_heads`` (multi-head)."""
+    for owner in (module, getattr(module, "config", None)):
+        for key in _KV_HEAD_KEYS:
+            value = getattr(owner, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return n_heads
+
+
+def _fused_layout(
+    child: object, name: str, n_heads: int, n_kv: int
+) -> QKLayout | str | None:  # fmt: skip
+    """[q; k; v] in one layer (q: ``n_heads`` heads, k and v ``n_kv`` each): an
+    ``nn.Linear``, or GPT-2's ``Conv1D`` (weight (in, out))."""
     if isinstance(child, nn.Linear):
         axis = 0
     elif type(child).__name__ == "Conv1D" and getattr(child, "nf", None) == child.weight.size(1):
@@ -194,16 +214,18 @@ def _fused_layout(child: object, name: str, n_heads: int) -> QKLayout | str | No
     else:
         return None
     w, b = child.weight, child.bias
-    rows = w.size(axis)
-    head_dim = _split(rows // 3, n_heads) if rows % 3 == 0 else None
+    rows, parts = w.size(axis), n_heads + 2 * n_kv
+    head_dim = rows // parts if rows % parts == 0 and n_heads % n_kv == 0 else None
     if head_dim is None:
-        return f"{name} has {rows} outputs: not [q; k; v] of {n_heads} heads"
+        return f"{name} has {rows} outputs: not [q; k; v] of {n_heads} q and {n_kv} kv heads"
     if name == "query_key_value":  # GPT-NeoX: per head [q_h; k_h; v_h]
+        if n_kv != n_heads:
+            return f"{name} interleaves heads; {n_kv} kv heads for {n_heads} q heads"
         start, stride = head_dim, 3 * head_dim
     else:
-        start, stride = rows // 3, head_dim
+        start, stride = n_heads * head_dim, head_dim
     return QKLayout(
-        w, w, n_heads, n_heads, head_dim, k_start=start, q_bias=b, k_bias=b,
+        w, w, n_heads, n_kv, head_dim, k_start=start, q_bias=b, k_bias=b,
         head_stride=stride, axis=axis,
     )  # fmt: skip
 

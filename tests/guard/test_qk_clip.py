@@ -19,7 +19,7 @@ from torch import nn
 
 from collapse_guard.datasets.real.models.layers import SelfAttention
 from collapse_guard.guard import Guard
-from collapse_guard.guard.qk_clip import QKClip, QKLayout, head_factors
+from collapse_guard.guard.qk_clip import QKClip, QKLayout, find_layout, head_factors
 from collapse_guard.probe.capture import capture_attention, isolated
 
 TAU = 100.0
@@ -129,6 +129,25 @@ class GroupedAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class FusedGroupedAttention(nn.Module):
+    """One ``c_attn`` [q; k; v] of 4 q heads over ``n_kv_head`` = 2 k and v heads (the
+    shape a grouped-query nanoGPT fork writes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n_kv_head, self.d = 2, WIDTH // HEADS
+        self.c_attn = nn.Linear(WIDTH, WIDTH + 2 * self.n_kv_head * self.d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        kv = self.n_kv_head * self.d
+        q, k, v = self.c_attn(x).split([WIDTH, kv, kv], dim=2)
+        q = q.view(b, t, HEADS, self.d).transpose(1, 2)
+        k, v = (z.view(b, t, self.n_kv_head, self.d).transpose(1, 2) for z in (k, v))
+        k, v = (z.repeat_interleave(HEADS // self.n_kv_head, dim=1) for z in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def _x(seed: int = 0) -> torch.Tensor:
     return torch.randn(2, SEQ, WIDTH, generator=torch.Generator().manual_seed(seed))
 
@@ -164,6 +183,26 @@ def test_fused_c_attn_head_is_clipped_to_tau_and_nothing_else_moves():
     factor = math.sqrt(TAU / before[2].item())  # each side by sqrt(tau / S)
     ratio = model.c_attn.weight[2 * d] / snapshot["c_attn.weight"][2 * d]
     assert torch.allclose(ratio, torch.full_like(ratio, factor), rtol=1e-4)
+
+
+def test_a_fused_grouped_query_c_attn_is_split_by_its_kv_heads_not_in_thirds():
+    torch.manual_seed(0)
+    model = FusedGroupedAttention()
+    d = model.d  # 4; rows 16 + 8 + 8 = 32, which thirds would not split into 4 heads
+    w = model.c_attn.weight.data
+    with torch.no_grad():  # q head 2 x40, its k head 1 x10 (q head 3 reads it too: x10)
+        w[2 * d : 3 * d].mul_(40.0)
+        w[WIDTH + d : WIDTH + 2 * d].mul_(10.0)
+    before = _head_max(model, _forward)
+    assert before[2] > 1.2 * TAU and (before[[0, 1, 3]] < TAU).all()
+    snapshot = _snapshot(model)
+    events = _clip(model, _forward)  # head 3 reads the k head clipped: its logits scale too
+    assert [e.rsplit("x", 1)[0] for e in events] == ["qk_clip:.2", "qk_clip:.3"]
+    _assert_clipped(model, _forward, 2, snapshot, {"c_attn.weight", "c_attn.bias"})
+    moved = _rows_moved(snapshot["c_attn.weight"], model.c_attn.weight)
+    assert moved == set(range(2 * d, 3 * d)) | set(range(WIDTH + d, WIDTH + 2 * d))  # no v row
+    model.n_kv_head = 3  # a count that does not split the rows: not clipped, and why
+    assert find_layout(model, HEADS) == "c_attn has 32 outputs: not [q; k; v] of 4 q and 3 kv heads"
 
 
 def test_project_self_attention_qkv_is_clipped_and_qk_norm_is_refused():
