@@ -359,10 +359,11 @@ def signal_group_ablation(
         )
     add = list(add)
     absent = sorted({*group_of.values()} - set(present))
-    if set(add) - set(absent):
+    read = sorted(set(add) - set(absent))
+    if read:
         raise ValueError(
-            f"add names {sorted(set(add) - set(absent))}; the groups the model does not read "
-            f"are {absent}. Fix: add some of those"
+            f"add names {read}; the groups the model does not read are {absent}. "
+            "Fix: add some of those"
         )
     variants = {"all": config} | {
         f"without {g}": config.replace(
