@@ -27,7 +27,8 @@ Printed:
    per optimizer, model family and data, the collapses that develop beside the set-up's
    own healthy runs (``group_leads.setup_lead_table``; model-free, over every run given);
    with ``--separability``, per set-up how well each signal group's best single feature
-   tells pre-collapse rows from healthy ones (``separability``);
+   tells pre-collapse rows from healthy ones, over every row, inside LR rises and outside
+   (``separability``; ``--add-groups`` scores groups the model does not read too);
 5. the top features by gain (``--gain``, default 20: the synthetic-artefact check);
 6. with ``--leave-one-out family``: a model trained without each family, tested on it,
    each family and the mean beside the baselines (``training.holdout.leave_one_group_out``),
@@ -288,14 +289,26 @@ def setup_group_rows(leads, by: str) -> list[dict]:
     ]
 
 
-def separability_rows(table, by: str) -> list[dict]:
+def _auc(auc, floor) -> str:
+    """'0.97 (0.80)': a ROC-AUC and, where measured, its noise floor; '—' where none."""
+    if auc is None or math.isnan(auc):
+        return "—"
+    return f"{auc:.2f}" if math.isnan(floor) else f"{auc:.2f} ({floor:.2f})"
+
+
+def separability_rows(table, by: str, null=None) -> list[dict]:
     """One row per signal group, one column per set-up group of ``by``: the direction-free
-    ROC-AUC of the signal group's best single feature there (``separability``),
-    then a row of each group's rows (positives)."""
+    ROC-AUC of the signal group's best single feature there (``separability``), and in
+    brackets its score with the runs' outcomes shuffled (``null``, the same table made on
+    ``separability.permuted_targets``), then a row of each group's rows (positives)."""
     wide = table.pivot(index="signal_group", columns="group", values="auc")
+    floor = wide * math.nan
+    if null is not None:
+        floor = null.pivot(index="signal_group", columns="group", values="auc")
+        floor = floor.reindex(index=wide.index, columns=wide.columns)
     rows = [
-        {"signals": name, **{g: _pair(row[g], None) for g in wide.columns}}
-        for name, row in wide.iterrows()
+        {"signals": name, **{g: _auc(wide.at[name, g], floor.at[name, g]) for g in wide.columns}}
+        for name in wide.index
     ]
     sizes = table.groupby("group")[["rows", "positives"]].first()
     rows.append(
@@ -407,28 +420,75 @@ def _leads_per_source(runs, horizon: int) -> dict:
     }
 
 
-def _print_separability(console, records, model, md: list[str]) -> None:
-    """Per optimizer, model family and data (where several), how well each signal
-    group's best single feature tells pre-collapse rows from healthy ones."""
-    from separability import separability
+def _groups(text: str | None) -> list[str]:
+    """A comma list of signal groups (``--add-groups``) as a list; [] for none."""
+    return [g for g in (text or "").split(",") if g]
+
+
+def _separability_extractor(model, add: list[str]):
+    """The model's own features, or with ``add``'s signal groups read too (those the
+    model does not read: the optimizer-state family)."""
+    from group_leads import signal_groups
 
     from collapse_guard.features import FeatureExtractor
+    from collapse_guard.features.context import opt_in_of
+
+    schema = model.schema
+    if not add:
+        return FeatureExtractor.from_schema(schema)
+    extra = tuple(s for s, g in signal_groups().items() if g in add and s not in schema.signals)
+    return FeatureExtractor(schema.window, (*schema.signals, *extra), opt_in_of(schema.context))
+
+
+def _rise_columns(group, inside) -> list[tuple]:
+    """(rows, set-up names) of the separability table's columns: every row under its
+    set-up's name, those inside LR rises as "<set-up> in rises", the rest "<set-up> outside"."""
+    import numpy as np
+
+    group = group.astype(str)
+    return [
+        (np.ones(len(group), dtype=bool), group),
+        (inside, np.char.add(group[inside], " in rises")),
+        (~inside, np.char.add(group[~inside], " outside")),
+    ]
+
+
+def _print_separability(console, records, model, md: list[str], add: list[str]) -> None:
+    """Per optimizer, model family and data (where several), how well each signal
+    group's best single feature tells pre-collapse rows from healthy ones: over every
+    row, inside LR rises and outside (issue 34, item 5)."""
+    import numpy as np
+    import pandas as pd
+    from separability import permuted_targets, rows_in_rise, separability
+
     from collapse_guard.predictor.evaluate import setup_of
     from collapse_guard.predictor.training.data import build_training_data
 
-    extractor = FeatureExtractor.from_schema(model.schema)
+    extractor = _separability_extractor(model, add)
     data = build_training_data(records, extractor, horizon=model.horizon)
     meta = {r.run_id: r.meta for r in records}
+    inside = rows_in_rise(data.groups, data.steps, {r.run_id: r.frame for r in records})
     for by in ("optimizer", "family", "data"):
-        group = [setup_of(meta[i], by) for i in data.groups]
+        group = np.array([setup_of(meta[i], by) for i in data.groups])
         if len(set(group)) < 2:
             continue
+        shuffled = permuted_targets(data.y, data.groups, data.steps, group)
+        columns = _rise_columns(group, inside)
+        true, null = (
+            pd.concat(
+                [separability(data.X.loc[rows], y[rows], setups) for rows, setups in columns],
+                ignore_index=True,
+            )
+            for y in (data.y, shuffled)
+        )
         _print_table(
             console,
             f"separability per {by}, all {len(records)} runs given (model-free): ROC-AUC of "
             "each signal group's best single feature, pre-collapse rows against healthy "
-            "ones (0.5: no information)",
-            separability_rows(separability(data.X, data.y, group), by),
+            "ones (0.5: no information), over every row, inside LR rises and outside; in "
+            "brackets the same with the runs' outcomes shuffled within each column's set-up "
+            "(the noise floor)",
+            separability_rows(true, by, null),
             md,
         )
 
@@ -449,7 +509,7 @@ def _print_ablation(console, records, args, md: list[str]) -> None:
         runs,
         by=by,
         drop=drop,
-        add=[g for g in (args.add_groups or "").split(",") if g],
+        add=_groups(args.add_groups),
         extra_context=OPT_IN_CONTEXT if extra == "all" else [n for n in extra.split(",") if n],
         eval_budget_per_10k=args.budget,
         progress=console.log,
@@ -499,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="GROUPS",
         help="ablation: also train leave-one-out with each signal group the model does not "
-        "read (comma list, e.g. optimizer)",
+        "read (comma list, e.g. optimizer); with --separability, score those groups too",
     )
     parser.add_argument(
         "--extra-context",
@@ -624,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
                 md,
             )
     if args.separability:
-        _print_separability(console, records, model, md)
+        _print_separability(console, records, model, md, _groups(args.add_groups))
     multiples = {
         s: {k: round(v, 1) for k, v in f.attrs["n_std"].items() if v != DEPARTURE_STD}
         for s, f in per_source.items()

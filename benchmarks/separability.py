@@ -12,6 +12,18 @@ another, that optimizer's collapses give that group nothing to forecast from.
 
 The signal groups are :func:`group_leads.signal_groups`, with the run context
 (``ctx__*``) and the DSI count (``dsi__*``) as groups of their own.
+
+Inside LR rises (issue 34, item 5): :func:`rows_in_rise` says which rows end at a step
+whose LR rose within the horizon (``features.rises``, the evaluation's definition), so a
+table can be made of those rows alone: there a healthy run's warm-up and re-warms stand
+beside the collapses, and a feature that reads "the LR is rising" no longer separates.
+
+The noise floor (:func:`permuted_targets`): the best of many features, read in either
+direction, on few runs, stands well above 0.5 by chance alone (issue 34: on 22 outside
+runs, random run labels scored as high as the true ones). So each table is made again with
+the runs' outcomes shuffled among the runs of each set-up group, positives kept at the
+end of the run as a collapse's are; a signal group informs only where it stands clear of
+its own score there.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import pandas as pd
 from group_leads import signal_groups
 from sklearn.metrics import roc_auc_score
 
-__all__ = ["MIN_ROWS", "feature_group", "separability"]
+__all__ = ["MIN_ROWS", "feature_group", "permuted_targets", "rows_in_rise", "separability"]
 
 MIN_ROWS = 100  # finite rows a feature needs in a group (both targets present) to be scored
 
@@ -36,6 +48,49 @@ def feature_group(name: str, group_of: Mapping[str, str] | None = None) -> str:
     if prefix == "dsi":
         return "dsi"
     return (group_of or signal_groups()).get(prefix, prefix)
+
+
+def rows_in_rise(groups: np.ndarray, steps: np.ndarray, frames: Mapping) -> np.ndarray:
+    """For each row (its run id in ``groups``, its step in ``steps``), whether the run's
+    LR rose within the horizon before it (``features.rises.frame_in_lr_rise``); False for
+    a run without an LR. ``frames``: run id -> the run's frame (``step``, ``lr``)."""
+    from collapse_guard.features.rises import frame_in_lr_rise
+
+    groups, steps = np.asarray(groups), np.asarray(steps)
+    inside = np.zeros(len(steps), dtype=bool)
+    for run_id in np.unique(groups):
+        frame = frames[run_id]
+        rise = frame_in_lr_rise(frame)
+        if rise is None:
+            continue
+        member = np.flatnonzero(groups == run_id)
+        at = np.searchsorted(frame["step"].to_numpy(), steps[member])
+        inside[member] = rise[np.minimum(at, len(rise) - 1)]
+    return inside
+
+
+def permuted_targets(
+    y: np.ndarray, runs: np.ndarray, steps: np.ndarray, group: np.ndarray, seed: int = 0
+) -> np.ndarray:
+    """The targets with the runs' outcomes shuffled among the runs of each ``group``.
+
+    Each run holds a count of positive rows (0 for a healthy run: its pre-collapse rows,
+    the last ones before onset, for a collapse). The counts are permuted among the runs
+    of a group, and a run given count k has its last k rows (by step) positive, all of
+    them where it has fewer: what a feature that reads "late in a run of this set-up"
+    scores when the collapses are random runs.
+    """
+    y, runs, steps, group = (np.asarray(a) for a in (y, runs, steps, group))
+    rng = np.random.default_rng(seed)
+    out = np.zeros(len(y), dtype=y.dtype)
+    for g in np.unique(group):
+        ids = np.unique(runs[group == g])
+        counts = np.array([int(y[runs == r].sum()) for r in ids])
+        for run_id, k in zip(ids, rng.permutation(counts), strict=True):
+            rows = np.flatnonzero(runs == run_id)
+            late = rows[np.argsort(steps[rows], kind="stable")][len(rows) - min(k, len(rows)) :]
+            out[late] = 1
+    return out
 
 
 def separability(

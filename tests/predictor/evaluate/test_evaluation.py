@@ -19,7 +19,7 @@ from group_leads import (
     group_leads,
     setup_lead_table,
 )
-from separability import separability
+from separability import permuted_targets, rows_in_rise, separability
 
 from collapse_guard.predictor.core.levels import episode_counts
 from collapse_guard.predictor.evaluate import (
@@ -474,6 +474,45 @@ def _benchmark():
     return bench
 
 
+def test_rows_in_rise_reads_each_rows_run_at_its_step():
+    # run "a": the LR ramps over steps 0-4, then holds: a rise covers a step when the LR
+    # rose within the 200 steps before it (features.rises); run "b" holds its LR from the
+    # start (a first value is no rise), run "c" records no LR
+    steps = np.arange(0, 600, 50)
+    frames = {
+        "a": pd.DataFrame({"step": steps, "lr": np.minimum(steps, 200) * 1e-5 + 1e-4}),
+        "b": pd.DataFrame({"step": steps, "lr": np.full(steps.size, 1e-3)}),
+        "c": pd.DataFrame({"step": steps}),
+    }
+    groups = np.array(["a", "a", "a", "b", "c", "a"])
+    at = np.array([0, 200, 350, 200, 200, 400])
+    # "a" rises at 50..200: 0 is its first value (no rise), 200 and 350 within 200 of
+    # the last rise at 200; 400 is 200 steps past it: out
+    assert rows_in_rise(groups, at, frames).tolist() == [False, True, True, False, False, False]
+
+
+def test_permuted_targets_shuffle_outcomes_among_a_setups_runs_keeping_them_late():
+    # group "x": run a collapses (its last 2 of 4 rows positive), b and c are healthy;
+    # group "y": run d collapses with 3 positives, e is healthy with 2 rows only
+    runs = np.array(list("aaaabbbccccc") + list("dddee"))
+    steps = np.r_[0:4, 0:3, 0:5, 0:3, 0:2] * 10
+    y = np.r_[0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0]
+    group = np.where(np.isin(runs, list("abc")), "x", "y")
+    seen = set()
+    for seed in range(40):
+        z = permuted_targets(y, runs, steps, group, seed=seed)
+        per_run = {r: z[runs == r].tolist() for r in "abcde"}
+        # one run of each group holds the positives, as its last rows (all of e's 2)
+        assert z[group == "x"].sum() == 2
+        holder = next(r for r in "abc" if any(per_run[r]))
+        assert per_run[holder][-2:] == [1, 1] and sum(per_run[holder]) == 2
+        assert per_run["d"] in ([1, 1, 1], [0, 0, 0]) and per_run["e"] in ([1, 1], [0, 0])
+        seen.add(holder)
+    assert seen == {"a", "b", "c"}  # over seeds every run of x is drawn to collapse
+    again = [permuted_targets(y, runs, steps, group, seed=3) for _ in range(2)]
+    assert (again[0] == again[1]).all()  # seeded
+
+
 def test_separability_is_the_best_single_feature_per_signal_family_and_group():
     rng = np.random.default_rng(0)
     n = 400
@@ -513,3 +552,10 @@ def test_separability_is_the_best_single_feature_per_signal_family_and_group():
         "adamw": "200 (100)",
         "lion": "200 (100)",
     }
+    # the noise floor in brackets: the same table on targets shuffled among the rows
+    # (here each row its own "run"), where no feature informs
+    shuffled = permuted_targets(y, np.arange(n), np.zeros(n), group, seed=0)
+    null = separability(X, shuffled, group)
+    rows = _benchmark().separability_rows(separability(X, y, group), "optimizer", null)
+    lion, floor = rows[1]["lion"].split(" ")
+    assert lion == "1.00" and 0.5 <= float(floor.strip("()")) < 0.6
