@@ -459,15 +459,16 @@ def _print_separability(console, records, model, md: list[str], add: list[str]) 
     row, inside LR rises and outside (issue 34, item 5)."""
     import numpy as np
     import pandas as pd
-    from separability import permuted_targets, rows_in_rise, separability
+    from separability import permuted_targets, separability
 
+    from collapse_guard.features.rises import rows_in_lr_rise
     from collapse_guard.predictor.evaluate import setup_of
     from collapse_guard.predictor.training.data import build_training_data
 
     extractor = _separability_extractor(model, add)
     data = build_training_data(records, extractor, horizon=model.horizon)
     meta = {r.run_id: r.meta for r in records}
-    inside = rows_in_rise(data.groups, data.steps, {r.run_id: r.frame for r in records})
+    inside = rows_in_lr_rise(data.groups, data.steps, {r.run_id: r.frame for r in records})
     for by in ("optimizer", "family", "data"):
         group = np.array([setup_of(meta[i], by) for i in data.groups])
         if len(set(group)) < 2:

@@ -13,8 +13,8 @@ another, that optimizer's collapses give that group nothing to forecast from.
 The signal groups are :func:`group_leads.signal_groups`, with the run context
 (``ctx__*``) and the DSI count (``dsi__*``) as groups of their own.
 
-Inside LR rises (issue 34, item 5): :func:`rows_in_rise` says which rows end at a step
-whose LR rose within the horizon (``features.rises``, the evaluation's definition), so a
+Inside LR rises (issue 34, item 5): ``features.rises.rows_in_lr_rise`` says which rows end at
+a step whose LR rose within the horizon (the evaluation's definition), so a
 table can be made of those rows alone: there a healthy run's warm-up and re-warms stand
 beside the collapses, and a feature that reads "the LR is rising" no longer separates.
 
@@ -35,7 +35,7 @@ import pandas as pd
 from group_leads import signal_groups
 from sklearn.metrics import roc_auc_score
 
-__all__ = ["MIN_ROWS", "feature_group", "permuted_targets", "rows_in_rise", "separability"]
+__all__ = ["MIN_ROWS", "feature_group", "permuted_targets", "separability"]
 
 MIN_ROWS = 100  # finite rows a feature needs in a group (both targets present) to be scored
 
@@ -48,25 +48,6 @@ def feature_group(name: str, group_of: Mapping[str, str] | None = None) -> str:
     if prefix == "dsi":
         return "dsi"
     return (group_of or signal_groups()).get(prefix, prefix)
-
-
-def rows_in_rise(groups: np.ndarray, steps: np.ndarray, frames: Mapping) -> np.ndarray:
-    """For each row (its run id in ``groups``, its step in ``steps``), whether the run's
-    LR rose within the horizon before it (``features.rises.frame_in_lr_rise``); False for
-    a run without an LR. ``frames``: run id -> the run's frame (``step``, ``lr``)."""
-    from collapse_guard.features.rises import frame_in_lr_rise
-
-    groups, steps = np.asarray(groups), np.asarray(steps)
-    inside = np.zeros(len(steps), dtype=bool)
-    for run_id in np.unique(groups):
-        frame = frames[run_id]
-        rise = frame_in_lr_rise(frame)
-        if rise is None:
-            continue
-        member = np.flatnonzero(groups == run_id)
-        at = np.searchsorted(frame["step"].to_numpy(), steps[member])
-        inside[member] = rise[np.minimum(at, len(rise) - 1)]
-    return inside
 
 
 def permuted_targets(

@@ -28,7 +28,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["LR_RISE_TOL", "RISE_STEPS", "frame_in_lr_rise", "in_lr_rise", "lr_rise_steps"]
+__all__ = [
+    "LR_RISE_TOL",
+    "RISE_STEPS",
+    "frame_in_lr_rise",
+    "in_lr_rise",
+    "lr_rise_steps",
+    "rows_in_lr_rise",
+]
 
 # The share an LR must clear to rise: the run context's (features.context_kernel) rule,
 # where schedulers recomputing the LR each step jitter in the last bits without rising.
@@ -86,3 +93,22 @@ def frame_in_lr_rise(frame: pd.DataFrame, within: int = RISE_STEPS) -> np.ndarra
         return None
     lr = frame["lr"].to_numpy(dtype=np.float64, na_value=np.nan)
     return in_lr_rise(frame["step"].to_numpy(), lr, within)
+
+
+def rows_in_lr_rise(
+    runs: np.ndarray, steps: np.ndarray, frames, within: int = RISE_STEPS
+) -> np.ndarray:
+    """For rows named by their run (``runs``) and ``steps`` (feature or training rows), whether
+    each lies in an LR rise of its run: :func:`frame_in_lr_rise` read at the row's step.
+    ``frames``: run id -> the run's frame. False for a run without an LR."""
+    runs, steps = np.asarray(runs), np.asarray(steps)
+    inside = np.zeros(len(steps), dtype=bool)
+    for run_id in np.unique(runs):
+        frame = frames[run_id]
+        rise = frame_in_lr_rise(frame, within)
+        if rise is None:
+            continue
+        member = np.flatnonzero(runs == run_id)
+        at = np.searchsorted(frame["step"].to_numpy(), steps[member])
+        inside[member] = rise[np.minimum(at, len(rise) - 1)]
+    return inside

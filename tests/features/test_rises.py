@@ -12,6 +12,7 @@ from collapse_guard.features.rises import (
     frame_in_lr_rise,
     in_lr_rise,
     lr_rise_steps,
+    rows_in_lr_rise,
 )
 from collapse_guard.runfiles.label import HORIZON
 
@@ -97,3 +98,20 @@ def test_bad_input_says_what_to_fix():
         in_lr_rise(np.array([0, 2, 1]), np.ones(3))
     with pytest.raises(ValueError, match="at least 1 step"):
         in_lr_rise(STEPS, np.ones(STEPS.size), within=0)
+
+
+def test_rows_in_lr_rise_reads_each_rows_run_at_its_step():
+    # run "a": the LR ramps over steps 0-4, then holds: a rise covers a step when the LR
+    # rose within the 200 steps before it (features.rises); run "b" holds its LR from the
+    # start (a first value is no rise), run "c" records no LR
+    steps = np.arange(0, 600, 50)
+    frames = {
+        "a": pd.DataFrame({"step": steps, "lr": np.minimum(steps, 200) * 1e-5 + 1e-4}),
+        "b": pd.DataFrame({"step": steps, "lr": np.full(steps.size, 1e-3)}),
+        "c": pd.DataFrame({"step": steps}),
+    }
+    groups = np.array(["a", "a", "a", "b", "c", "a"])
+    at = np.array([0, 200, 350, 200, 200, 400])
+    # "a" rises at 50..200: 0 is its first value (no rise), 200 and 350 within 200 of
+    # the last rise at 200; 400 is 200 steps past it: out
+    assert rows_in_lr_rise(groups, at, frames).tolist() == [False, True, True, False, False, False]

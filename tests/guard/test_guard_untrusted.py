@@ -338,7 +338,8 @@ def test_an_answer_a_lax_reader_would_coerce_is_refused_and_never_acted_on(
     finally:
         server.close()
     assert server.requests >= 1 and guard.step_index == 20
-    assert [d.level for d in decisions] == ["ok"] * 20  # the embedded model's, never critical
+    # the embedded model's levels on this loop (at most watch), never the refused critical
+    assert len(decisions) == 20 and all(d.level in ("ok", "watch") for d in decisions)
     assert guard.risk_source == "fallback" and guard.risk.failures >= 1
     failed = [m for m in said if "risk service failed" in m]
     assert len(failed) == 1 and "InvalidAnswer" in failed[0], said
@@ -365,7 +366,7 @@ def test_a_50_MB_or_trickling_answer_ends_within_the_timeout_and_training_goes_o
     finally:
         server.close()
     assert guard.step_index == 20 and server.arrivals
-    assert [d.level for d in decisions] == ["ok"] * 20
+    assert all(d.level in ("ok", "watch") for d in decisions)  # the embedded model's
     assert guard.risk_source == "fallback"
     assert len([m for m in said if "risk service failed" in m]) == 1, said
     assert len(read_run(guard.run_path)[0]) == 20

@@ -19,7 +19,7 @@ from group_leads import (
     group_leads,
     setup_lead_table,
 )
-from separability import permuted_targets, rows_in_rise, separability
+from separability import permuted_targets, separability
 
 from collapse_guard.predictor.core.levels import episode_counts
 from collapse_guard.predictor.evaluate import (
@@ -472,23 +472,6 @@ def _benchmark():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
-
-
-def test_rows_in_rise_reads_each_rows_run_at_its_step():
-    # run "a": the LR ramps over steps 0-4, then holds: a rise covers a step when the LR
-    # rose within the 200 steps before it (features.rises); run "b" holds its LR from the
-    # start (a first value is no rise), run "c" records no LR
-    steps = np.arange(0, 600, 50)
-    frames = {
-        "a": pd.DataFrame({"step": steps, "lr": np.minimum(steps, 200) * 1e-5 + 1e-4}),
-        "b": pd.DataFrame({"step": steps, "lr": np.full(steps.size, 1e-3)}),
-        "c": pd.DataFrame({"step": steps}),
-    }
-    groups = np.array(["a", "a", "a", "b", "c", "a"])
-    at = np.array([0, 200, 350, 200, 200, 400])
-    # "a" rises at 50..200: 0 is its first value (no rise), 200 and 350 within 200 of
-    # the last rise at 200; 400 is 200 steps past it: out
-    assert rows_in_rise(groups, at, frames).tolist() == [False, True, True, False, False, False]
 
 
 def test_permuted_targets_shuffle_outcomes_among_a_setups_runs_keeping_them_late():

@@ -77,12 +77,13 @@ def test_the_shipped_model_loads_and_is_small():
     model = RiskModel.load()
     assert bundle.folder_bytes(DEFAULT_MODEL_DIR) < bundle.MAX_BYTES
     assert set(model.thresholds) == {"watch", "warn", "critical"}
-    # real runs only, of three families, with levels that hold on a family it never saw
-    assert model.meta["bundle"]["real"] >= 400 and model.meta["bundle"]["synthetic"] == 0
+    # real runs only (the corpus pack), of four families, with levels that hold on a family
+    # it never saw
+    assert model.meta["bundle"]["real"] >= 600 and model.meta["bundle"]["synthetic"] == 0
     assert model.meta["levels_from"] == {
         "runs": "cross-fitted",
         "by": "family",
-        "groups": ["gpt", "mha", "rope_swiglu"],
+        "groups": ["drawn", "gpt", "mha", "rope_swiglu"],
     }
 
 
@@ -119,14 +120,14 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
     tmp_path, work, cached_training
 ):
     # issue 21: `make default-model REAL=data/real` on a folder of 56 runs silently replaced
-    # the shipped 526-run model
+    # the shipped 526-run model; today's is the 612-run pack's
     out = tmp_path / "default_model"
     shutil.copytree(DEFAULT_MODEL_DIR, out)
     shipped = RiskModel.load(out).meta["version"]
     with pytest.raises(UserInputError) as refused:
         bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED)
     message = str(refused.value)
-    assert f"({shipped}: 526 runs, 322 collapsed)" in message
+    assert f"({shipped}: 612 runs, 341 collapsed)" in message
     assert f"trained on {N_RUNS} runs" in message and "FORCE=1" in message
     assert cached_training == []  # refused before any training
     assert RiskModel.load(out).meta["version"] == shipped
@@ -138,7 +139,7 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
     collapsed = new["bundle"]["collapsed"]
     assert RiskModel.load(out).meta["version"] == new["version"] != shipped
     assert said[-1] == (
-        f"replaced {shipped} (526 runs, 322 collapsed) with {new['version']} "
+        f"replaced {shipped} (612 runs, 341 collapsed) with {new['version']} "
         f"({N_RUNS} runs, {collapsed} collapsed) [forced]"
     )
     # the same data set again is no poorer: replaced without being forced
@@ -149,8 +150,8 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
 def test_the_shipped_model_keeps_the_counts_a_rebuild_is_compared_with():
     version, counts = bundle.bundled_counts(DEFAULT_MODEL_DIR)
     assert version == RiskModel.load().meta["version"]
-    # benchmarks/README.md: 526 runs, healthy 204, develop 164 + 63, sudden 95
-    assert counts == {"runs": 526, "collapsed": 164 + 63 + 95}
+    # corpus/README.md's card: 612 runs, 341 collapsed (239 develop, 102 sudden), 271 healthy
+    assert counts == {"runs": 612, "collapsed": 239 + 102}
 
 
 def test_make_default_model_passes_force_on():
