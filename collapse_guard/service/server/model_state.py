@@ -235,15 +235,18 @@ class ModelHolder:
         self.on_swap = on_swap  # (new, previous): e.g. the model-info gauge
         self._lock = threading.Lock()
 
-    def reload(self, source: str | None) -> tuple[Serving, Serving, float]:
+    def reload(self, source: str | None, wait: float = 0.0) -> tuple[Serving, Serving, float]:
         """Load and check ``source`` (default: the current source), then swap it in.
 
-        Returns (new, previous, seconds). Raises :class:`ReloadBusy` when a reload is
-        already running here, :class:`ModelLoadError` when the new model is unusable:
-        in both cases the current model keeps serving.
+        ``wait``: seconds to wait for a reload already running here (a client's request
+        that lands while this worker follows another worker's reload waits for it rather
+        than fail; the follower itself does not wait). Returns (new, previous, seconds).
+        Raises :class:`ReloadBusy` when a reload is still running after ``wait``,
+        :class:`ModelLoadError` when the new model is unusable: in both cases the current
+        model keeps serving.
         """
-        if not self._lock.acquire(blocking=False):
-            raise ReloadBusy("a reload is already in progress in this worker")
+        if not self._lock.acquire(timeout=wait if wait > 0 else -1, blocking=wait > 0):
+            raise ReloadBusy(f"a reload is already in progress in this worker (waited {wait:g} s)")
         try:
             started = time.perf_counter()
             previous = self.current

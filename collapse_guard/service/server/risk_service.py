@@ -89,6 +89,10 @@ __all__ = ["MODEL_ENV", "POLL_ENV", "WORKERS_ENV", "RiskService", "app"]
 MODEL_ENV = "COLLAPSE_GUARD_MODEL"
 POLL_ENV = "COLLAPSE_GUARD_POLL"
 WORKERS_ENV = "COLLAPSE_GUARD_WORKERS"
+# how long a client's /reload waits for a reload this worker is already running (it follows
+# another worker's, or a poll's): loading and checking a model takes 1-3 s on a loaded
+# 2-core machine, so 30 s covers it well inside the 60-s traffic timeout
+RELOAD_WAIT_SECONDS = 30.0
 
 if bentoml.server_context.worker_index is not None:
     # a worker of `bentoml serve` (set before it imports us): circus starts each worker in
@@ -254,7 +258,9 @@ class RiskService:
             body = await request.body()
             source = _parse_json(body, ReloadRequest).source  # type: ignore[attr-defined]
             try:
-                new, previous, seconds = await anyio.to_thread.run_sync(self.holder.reload, source)
+                new, previous, seconds = await anyio.to_thread.run_sync(
+                    self.holder.reload, source, RELOAD_WAIT_SECONDS
+                )
             except (ModelLoadError, ReloadBusy) as error:
                 outcome = "busy" if isinstance(error, ReloadBusy) else "failed"
                 self.metrics.reloads.labels(outcome=outcome).inc()

@@ -133,3 +133,35 @@ def test_poller_follows_the_alias(tmp_path, mlflow_uri, monkeypatch, variant_dir
     follower._poll()
     assert holder.current.version == record.version
     assert holder.current.alias == "champion"
+
+
+def test_a_reload_request_waits_for_the_one_this_worker_is_running(monkeypatch):
+    # a client's /reload that lands while the worker follows another worker's reload waited
+    # nothing and answered 409 "already in progress" (CI, 2026-12-02: the larger bundled
+    # model made the follower's reload long enough to meet the next request)
+    from types import SimpleNamespace
+
+    from collapse_guard.service.server import model_state
+    from collapse_guard.service.server.model_state import ModelHolder, ReloadBusy
+
+    started = threading.Event()
+
+    def slow_load(source):
+        started.set()
+        time.sleep(0.5)
+        return SimpleNamespace(source=source)
+
+    monkeypatch.setattr(model_state, "load_serving", slow_load)
+    holder = ModelHolder(SimpleNamespace(source="first"))
+    follower = threading.Thread(target=holder.reload, args=("followed",))
+    follower.start()
+    assert started.wait(5)
+    with pytest.raises(ReloadBusy, match="waited 0 s"):
+        holder.reload("now")  # the follower's own rule: never wait
+    new, previous, _ = holder.reload("requested", wait=5.0)
+    follower.join()
+    assert (previous.source, new.source, holder.current.source) == (
+        "followed",
+        "requested",
+        "requested",
+    )
