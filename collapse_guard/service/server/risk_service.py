@@ -90,8 +90,8 @@ MODEL_ENV = "COLLAPSE_GUARD_MODEL"
 POLL_ENV = "COLLAPSE_GUARD_POLL"
 WORKERS_ENV = "COLLAPSE_GUARD_WORKERS"
 # how long a client's /reload waits for a reload this worker is already running (it follows
-# another worker's, or a poll's): loading and checking a model takes 1-3 s on a loaded
-# 2-core machine, so 30 s covers it well inside the 60-s traffic timeout
+# another worker's, or a poll's): a load and its check take seconds, and 30 s stays well
+# inside the 60-s traffic timeout
 RELOAD_WAIT_SECONDS = 30.0
 
 if bentoml.server_context.worker_index is not None:
