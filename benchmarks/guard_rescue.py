@@ -73,6 +73,12 @@ arm                   what
                       critical; the reactive rules, rescues and checkpoints as they are
 ``guarded_hold``      ``guarded`` holding the LR at warn instead of halving it
                       (``warn_action="hold"``: warn_hold.py)
+``lifting``           ``guarded`` with the rescue's cap lifting (``lr_lift_steps=20``:
+                      1.5x per 20 healthy steps, falling back on a precursor or warn)
+``lifting_slow``      the same, slower: 1.25x per 60 healthy steps
+``warn_quarter``      ``guarded`` with a quarter of the LR at warn (``warn_lr=0.25``)
+``warn_quarter_slow`` the same, the multiplier doubling back every 300 steps once the
+                      risk falls (``lr_restore_steps=300``) instead of 100
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -142,17 +148,28 @@ GUARD_POLICIES = {
     "rescue_developed": {"developed_rescue_lr": 0.25},
     "reactive_only": {"forecast_actions": False},
     "guarded_hold": {"warn_action": "hold"},
+    "lifting": {"lr_lift_steps": 20},
+    "lifting_slow": {"lr_lift_steps": 60, "lr_lift": 1.25},
+    "warn_quarter": {"warn_lr": 0.25},
+    "warn_quarter_slow": {"warn_lr": 0.25, "lr_restore_steps": 300},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
-ARMS += ("rescue_developed", "reactive_only", "guarded_hold")
+ARMS += ("rescue_developed", "reactive_only", "guarded_hold", "lifting", "lifting_slow")
+ARMS += ("warn_quarter", "warn_quarter_slow")
 HALVES = ("develops", "sudden", "between")
+# the arms that differ from guarded only from a first warn on
+FORECAST_ARMS = ("reactive_only", "guarded_hold", "warn_quarter", "warn_quarter_slow")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
     ("guarded_hold", "reactive_only"),
     ("guarded_hold", "guarded"),
+    ("lifting", "guarded"),
+    ("lifting_slow", "guarded"),
+    ("warn_quarter", "reactive_only"),
+    ("warn_quarter_slow", "reactive_only"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
@@ -579,11 +596,11 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     )
     if arm in ("guarded_no_qk", "guarded_qk_watch"):
         return under_tau
-    if arm in ("rescue_quarter", "rescue_developed"):
+    if arm in ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow"):
         return "no rescue" if guarded.get("rescues") == 0 else None
     if arm in ("rescue_qk", "rescue_both"):
         return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None
-    if arm in ("reactive_only", "guarded_hold") and "first_warning" in guarded:
+    if arm in FORECAST_ARMS and "first_warning" in guarded:
         return "never at warn" if guarded["first_warning"] is None else None  # the level's
         # actions below warn are the same in all three: a watch checkpoints in each
     if arm == "newest" and "averaged" in guarded:

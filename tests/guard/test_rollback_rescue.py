@@ -95,6 +95,11 @@ def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_r
     assert same("rescue_both", clipped) is None and same("newest", clipped)
     assert same("guarded_no_qk", never_probed) is None  # no reading: trained
     assert same("qk_alone", quiet) is None and same("safe_lr", quiet) is None
+    # a cap that lifts differs only after a rescue; the forecast's arms only from a warn on
+    assert same("lifting", quiet) == "no rescue" and same("lifting_slow", loud) is None
+    for arm in guard_rescue.FORECAST_ARMS:
+        assert same(arm, {**loud, "first_warning": None}) == "never at warn"
+        assert same(arm, {**quiet, "first_warning": 420}) is None
 
 
 def test_the_guard_key_reads_the_code_not_its_docstrings_or_comments(tmp_path):
