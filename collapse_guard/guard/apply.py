@@ -16,7 +16,7 @@ import torch
 from collapse_guard.guard.decision import GuardDecision
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.lr import lr_for_step, restore_lr
-from collapse_guard.guard.measure import amp_enabled
+from collapse_guard.guard.measure import amp_enabled, clip_coefficient
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.warn_hold import WarnHold
@@ -56,8 +56,9 @@ def clip_gradients(
         grads = [p.grad for p in params if p.grad is not None]
         if clipped:  # the layer clipping changed the norm: measure it again
             torch.nn.utils.clip_grad_norm_(params, decision.clip_to, foreach=True)
-        elif grad_norm > decision.clip_to:
-            torch._foreach_mul_(grads, decision.clip_to / (grad_norm + 1e-6))
+        elif grad_norm > decision.clip_to * (1 - 1e-6) - 1e-6:  # the factor may be under 1
+            coef = clip_coefficient(decision.clip_to, torch.linalg.vector_norm(norms))
+            torch._foreach_mul_(grads, coef)
 
 
 def optimizer_step(optimizer: Any, scaler: Any) -> None:

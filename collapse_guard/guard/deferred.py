@@ -36,6 +36,7 @@ from collapse_guard.guard.device_gate import (
     skip_flag,
 )
 from collapse_guard.guard.lr import lr_for_step, restore_lr
+from collapse_guard.guard.measure import clip_coefficient
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.qk_clip import head_maxima
 from collapse_guard.guard.state import RunState, Trajectory
@@ -204,10 +205,7 @@ class DeferredSync:
         skip = skip_flag(loss, total, self.bands(run, trajectory, lr_jump))
         optimizer, probe = self.optimizer, self.probe
         if decision.clip_to > 0:  # the host's global clipping, on the device, same float ops
-            total64 = total.double()  # a full tensor divided, not scalar / tensor (torch's
-            # reciprocal-then-multiply rounds differently from the host's division)
-            coef = torch.full_like(total64, decision.clip_to) / (total64 + 1e-6)
-            coef = torch.where(total64 > decision.clip_to, coef, 1.0).float()
+            coef = clip_coefficient(decision.clip_to, total)  # 1 exactly when under the clip
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
         saved, applied_lr = lr_for_step(optimizer, decision.lr_multiplier, run.lr_ceiling)
         gated_step(optimizer, skip)

@@ -16,6 +16,7 @@ from collapse_guard.guard.reactive import lr_jumped  # the LR-jump rule lives th
 __all__ = [
     "amp_enabled",
     "amp_overflow",
+    "clip_coefficient",
     "host_floats",
     "lr_jumped",
     "tensor_norms",
@@ -48,6 +49,15 @@ def tensor_norms(probe: Any, params: Sequence[torch.Tensor]) -> torch.Tensor:
             for g in grads
         ]
     )
+
+
+def clip_coefficient(clip_to: float, total: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_``'s factor from the total norm, in its float ops
+    (a float32 tensor, scalar over tensor, clamped at 1): a guard whose rules are all
+    quiet trains the plain loop's run bit for bit, not a run one rounding away that
+    drifts by the trajectory's noise (0.02-0.05 nats in 600 steps: benchmarks/README.md,
+    "Guard rescue, per configuration")."""
+    return torch.clamp(clip_to / (total + 1e-6), max=1.0)
 
 
 def host_floats(*values: torch.Tensor) -> list[float]:

@@ -138,9 +138,9 @@ class GuardPolicy:
     lr_lift_steps: int = 0  # healthy steps in a row (no skip, no precursor below, no
     # warn) before each rise of the cap; 0 = the cap stays for the rest of the run. Off by
     # default: at 20 (2 risk readings, 2/3 of collapse_confirm_steps) the demo ended 0.13
-    # nats worse, and on the rescue benchmark's 45 collapses it saved 8 of the 11 saveable
-    # develops against 11 (1.25x per 60 steps: 9): lifted back, the LR that collapsed
-    # collapses again (benchmarks/README.md, "Guard rescue, per configuration")
+    # nats worse, and on the rescue benchmark's 45 collapses it saved 9 of the 11 saveable
+    # develops against 11 (1.25x per 60 steps: 9 too): lifted back toward the LR that
+    # collapsed, runs train worse (benchmarks/README.md, "Guard rescue, per configuration")
     lr_lift: float = 1.5  # each rise multiplies the cap by this: a doubling in ~34
     # healthy steps, back from 0.5x to 1x of a checkpoint's LR in 40; a rise of 1.5x is
     # under lr_jump_ratio, no jump by the guard's own rule. The cap is gone once a rise
