@@ -21,6 +21,8 @@ arm               what
                   it (``warn_action="hold"``: warn_hold.py)
 ``reactive``      ``permanent`` with the forecast's actions off (``forecast_actions=
                   False``: the reactive rules and rescues alone)
+``loose_skips``   ``permanent`` skipping only outliers over z = 10 (``outlier_z``; 6 by
+                  default)
 ================  ==================================================================
 
 A *false rescue* is a rescue in a run whose unguarded twin does not collapse (the label's
@@ -51,6 +53,7 @@ ARMS: dict[str, dict | None] = {
     "lifting": {"lr_lift_steps": 20},
     "hold": {"warn_action": "hold"},
     "reactive": {"forecast_actions": False},
+    "loose_skips": {"outlier_z": 10.0},
 }
 
 
