@@ -153,9 +153,9 @@ GUARD_POLICIES = {
     "lifting": {"lr_lift_steps": 20},
     "lifting_slow": {"lr_lift_steps": 60, "lr_lift": 1.25},
     "warn_quarter": {"warn_lr": 0.25},
+    "warn_quarter_slow": {"warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z8": {"outlier_z": 8.0},
     "skip_z10": {"outlier_z": 10.0},
-    "warn_quarter_slow": {"warn_lr": 0.25, "lr_restore_steps": 300},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
@@ -163,8 +163,11 @@ ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter"
 ARMS += ("rescue_developed", "reactive_only", "guarded_hold", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z8", "skip_z10")
 HALVES = ("develops", "sudden", "between")
-# the arms that differ from guarded only from a first warn on
+# the arms that differ from guarded only from an event on (same_as_guarded): a first
+# rescue, a first warn, a first outlier skip
+CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow")
 FORECAST_ARMS = ("reactive_only", "guarded_hold", "warn_quarter", "warn_quarter_slow")
+SKIP_ARMS = ("skip_z8", "skip_z10")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
@@ -602,14 +605,14 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     )
     if arm in ("guarded_no_qk", "guarded_qk_watch"):
         return under_tau
-    if arm in ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow"):
+    if arm in CAP_ARMS:
         return "no rescue" if guarded.get("rescues") == 0 else None
     if arm in ("rescue_qk", "rescue_both"):
         return f"no rescue, {under_tau}" if under_tau and guarded.get("rescues") == 0 else None
     if arm in FORECAST_ARMS and "first_warning" in guarded:
         return "never at warn" if guarded["first_warning"] is None else None  # the level's
-        # actions below warn are the same in all three: a watch checkpoints in each
-    if arm in ("skip_z8", "skip_z10"):  # a looser bound skips a subset of the same steps
+        # actions below warn are the same in each: a watch checkpoints in every one
+    if arm in SKIP_ARMS:  # a looser bound skips a subset of the same steps
         return "no skip" if guarded.get("skips") == 0 else None
     if arm == "newest" and "averaged" in guarded:
         return "no rollback averaged" if guarded["averaged"] <= 1 else None

@@ -97,7 +97,7 @@ def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_r
     assert same("qk_alone", quiet) is None and same("safe_lr", quiet) is None
     # a cap that lifts differs only after a rescue; the forecast's arms only from a warn on
     assert same("lifting", quiet) == "no rescue" and same("lifting_slow", loud) is None
-    for arm in ("skip_z8", "skip_z10"):  # a looser outlier bound: only where one was skipped
+    for arm in guard_rescue.SKIP_ARMS:  # a looser outlier bound: only where one was skipped
         assert same(arm, {**quiet, "skips": 0}) == "no skip"
         assert same(arm, {**quiet, "skips": 3}) is None
     for arm in guard_rescue.FORECAST_ARMS:
