@@ -76,8 +76,9 @@ arm                   what
 ``lifting``           ``guarded`` with the rescue's cap lifting (``lr_lift_steps=20``:
                       1.5x per 20 healthy steps, falling back on a precursor or warn)
 ``lifting_slow``      the same, slower: 1.25x per 60 healthy steps
-``skip_z8``           ``guarded`` with the outlier bound at z = 8 (``outlier_z``; 6 by default)
-``skip_z10``          the same at z = 10
+``skip_z6``           ``guarded`` with OLMo-core's outlier bound, z = 6 (``outlier_z``; 10
+                      by default since issue 32): it skips every batch the default skips
+                      and more, so it runs on every configuration
 ``warn_quarter``      ``guarded`` with a quarter of the LR at warn (``warn_lr=0.25``)
 ``warn_quarter_slow`` the same, the multiplier doubling back every 300 steps once the
                       risk falls (``lr_restore_steps=300``) instead of 100
@@ -154,20 +155,18 @@ GUARD_POLICIES = {
     "lifting_slow": {"lr_lift_steps": 60, "lr_lift": 1.25},
     "warn_quarter": {"warn_lr": 0.25},
     "warn_quarter_slow": {"warn_lr": 0.25, "lr_restore_steps": 300},
-    "skip_z8": {"outlier_z": 8.0},
-    "skip_z10": {"outlier_z": 10.0},
+    "skip_z6": {"outlier_z": 6.0},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_hold", "lifting", "lifting_slow")
-ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z8", "skip_z10")
+ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
-# rescue, a first warn, a first outlier skip
+# rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow")
 FORECAST_ARMS = ("reactive_only", "guarded_hold", "warn_quarter", "warn_quarter_slow")
-SKIP_ARMS = ("skip_z8", "skip_z10")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
@@ -177,8 +176,7 @@ PAIRS = (
     ("lifting_slow", "guarded"),
     ("warn_quarter", "reactive_only"),
     ("warn_quarter_slow", "reactive_only"),
-    ("skip_z8", "guarded"),
-    ("skip_z10", "guarded"),
+    ("skip_z6", "guarded"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN
@@ -612,8 +610,6 @@ def same_as_guarded(arm: str, guarded: dict) -> str | None:
     if arm in FORECAST_ARMS and "first_warning" in guarded:
         return "never at warn" if guarded["first_warning"] is None else None  # the level's
         # actions below warn are the same in each: a watch checkpoints in every one
-    if arm in SKIP_ARMS:  # a looser bound skips a subset of the same steps
-        return "no skip" if guarded.get("skips") == 0 else None
     if arm == "newest" and "averaged" in guarded:
         return "no rollback averaged" if guarded["averaged"] <= 1 else None
     return None

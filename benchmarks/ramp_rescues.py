@@ -21,8 +21,8 @@ arm               what
                   it (``warn_action="hold"``: warn_hold.py)
 ``reactive``      ``permanent`` with the forecast's actions off (``forecast_actions=
                   False``: the reactive rules and rescues alone)
-``loose_skips``   ``permanent`` skipping only outliers over z = 10 (``outlier_z``; 6 by
-                  default)
+``olmo_skips``    ``permanent`` skipping outliers over OLMo-core's z = 6 (``outlier_z``;
+                  10 by default since issue 32)
 ================  ==================================================================
 
 A *false rescue* is a rescue in a run whose unguarded twin does not collapse (the label's
@@ -53,7 +53,7 @@ ARMS: dict[str, dict | None] = {
     "lifting": {"lr_lift_steps": 20},
     "hold": {"warn_action": "hold"},
     "reactive": {"forecast_actions": False},
-    "loose_skips": {"outlier_z": 10.0},
+    "olmo_skips": {"outlier_z": 6.0},
 }
 
 

@@ -97,9 +97,7 @@ def test_an_arm_is_read_from_the_guarded_run_only_when_it_would_train_the_same_r
     assert same("qk_alone", quiet) is None and same("safe_lr", quiet) is None
     # a cap that lifts differs only after a rescue; the forecast's arms only from a warn on
     assert same("lifting", quiet) == "no rescue" and same("lifting_slow", loud) is None
-    for arm in guard_rescue.SKIP_ARMS:  # a looser outlier bound: only where one was skipped
-        assert same(arm, {**quiet, "skips": 0}) == "no skip"
-        assert same(arm, {**quiet, "skips": 3}) is None
+    assert same("skip_z6", {**quiet, "skips": 0}) is None  # a tighter bound: it may skip
     for arm in guard_rescue.FORECAST_ARMS:
         assert same(arm, {**loud, "first_warning": None}) == "never at warn"
         assert same(arm, {**quiet, "first_warning": 420}) is None
