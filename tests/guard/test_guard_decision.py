@@ -25,8 +25,8 @@ def test_a_healthy_step_is_applied_with_the_base_clip():
     ("kw", "reason"),
     [
         ({"grad_finite": False, "grad_norm": math.inf}, "nonfinite_grad"),
-        ({"loss_z": 6.5}, "loss_z=6.5"),
-        ({"grad_z": 9.0}, "grad_z=9.0"),
+        ({"loss_z": 10.5}, "loss_z=10.5"),
+        ({"grad_z": 12.0}, "grad_z=12.0"),
         ({"grad_z": 3.5, "level": "critical"}, "grad_z=3.5"),  # critical: z over 3 skips
     ],
 )
@@ -38,6 +38,7 @@ def test_outliers_and_nonfinite_gradients_skip_the_update(kw, reason):
 
 def test_a_z_of_3_5_is_not_an_outlier_below_critical_nor_an_amp_overflow():
     assert decide(facts(grad_z=3.5, level="warn"), POLICY).apply_update
+    assert decide(facts(loss_z=8.0), POLICY).apply_update  # OLMo-core's 6 would skip it
     overflow = facts(grad_finite=False, grad_norm=math.inf, amp_overflow=True)
     assert decide(overflow, POLICY).apply_update  # the GradScaler skips it itself
 
@@ -102,22 +103,22 @@ def test_policy_rejects_unknown_keys_and_bad_multipliers():
 
 
 def test_a_lasting_outlier_is_applied_after_two_skips_not_rescued():
-    assert decide(facts(skip_streak=1, loss_z=8.0), POLICY).skipped
-    third = decide(facts(skip_streak=2, loss_z=8.0), POLICY)
-    assert third.apply_update and not third.rescue and third.events == ("accept:loss_z=8.0",)
+    assert decide(facts(skip_streak=1, loss_z=11.0), POLICY).skipped
+    third = decide(facts(skip_streak=2, loss_z=11.0), POLICY)
+    assert third.apply_update and not third.rescue and third.events == ("accept:loss_z=11.0",)
 
 
 def test_an_outlier_streak_right_after_an_lr_jump_is_rescued_not_accepted():
-    d = decide(facts(skip_streak=2, loss_z=8.0, lr_jump=True), POLICY)
-    assert d.rescue and d.reason == "lr_jump:loss_z=8.0"
-    assert decide(facts(skip_streak=1, loss_z=8.0, lr_jump=True), POLICY).skipped  # not yet
+    d = decide(facts(skip_streak=2, loss_z=11.0, lr_jump=True), POLICY)
+    assert d.rescue and d.reason == "lr_jump:loss_z=11.0"
+    assert decide(facts(skip_streak=1, loss_z=11.0, lr_jump=True), POLICY).skipped  # not yet
 
 
 def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limit():
-    first = decide(facts(after_rollback=True, loss_z=9.0), POLICY)
-    assert first.skipped and first.data_fault and "data_fault:loss_z=9.0" in first.events
+    first = decide(facts(after_rollback=True, loss_z=12.0), POLICY)
+    assert first.skipped and first.data_fault and "data_fault:loss_z=12.0" in first.events
     # in data-fault mode: never accepted, and the online collapse does not roll back
-    later = decide(facts(data_fault=True, skip_streak=40, loss_z=9.0, collapse_online=True), POLICY)
+    later = decide(facts(data_fault=True, skip_streak=40, loss_z=12.0, collapse_online=True), POLICY)
     assert later.skipped and not later.rescue and later.data_fault
     assert decide(facts(data_fault=True, loss=math.nan), POLICY).rescue  # non-finite still does
     # the mode ends after data_clear_steps clean batches in a row
@@ -131,5 +132,5 @@ def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limi
 
 def test_an_outlier_at_the_rings_average_rolls_back_to_the_newest_not_a_data_fault():
     # a mean of checkpoints was never measured: it cannot tell the data from the model
-    d = decide(facts(after_rollback=True, averaged_rollback=True, loss_z=9.0), POLICY)
-    assert d.rescue and d.reason == "average_worse:loss_z=9.0" and not d.data_fault
+    d = decide(facts(after_rollback=True, averaged_rollback=True, loss_z=12.0), POLICY)
+    assert d.rescue and d.reason == "average_worse:loss_z=12.0" and not d.data_fault
