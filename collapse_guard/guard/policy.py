@@ -44,9 +44,10 @@ class GuardPolicy:
     outlier_history: int = 128  # steps of finite loss / grad norm the z-scores read
     # (OLMo-core's skip-step rule reads 128 steps too)
     outlier_z: float = 10.0  # skip an update whose loss or grad-norm z-score exceeds this;
-    # 10, not OLMo-core's 6: at 6 healthy runs lost up to 0.034 nats to skipped batches, at
-    # 10 at most 0.004, and every collapse 6 saved was still saved (benchmarks/guard_rescue.py,
-    # 60 configurations, 2026-12-03: the skip_z6 arm)
+    # 10, not OLMo-core's 6: at 6 healthy runs lost up to 0.028-0.034 nats to skipped
+    # batches (11 skips on one), at 10 up to 0.004-0.022 (one skip), two CPUs; the saves the
+    # same but one missed by 0.01 nats (benchmarks/guard_rescue.py, 2026-12-03: skip_z6;
+    # docs/decisions.md 22)
     outlier_min_history: int = 20  # no outlier rule before this many finite steps: the
     # first steps fall fast (label.py's settle_steps is 30 for the same reason)
     critical_outlier_z: float = 3.0  # at `critical`, skip batches over this z (a step

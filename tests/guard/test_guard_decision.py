@@ -118,7 +118,9 @@ def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limi
     first = decide(facts(after_rollback=True, loss_z=12.0), POLICY)
     assert first.skipped and first.data_fault and "data_fault:loss_z=12.0" in first.events
     # in data-fault mode: never accepted, and the online collapse does not roll back
-    later = decide(facts(data_fault=True, skip_streak=40, loss_z=12.0, collapse_online=True), POLICY)
+    later = decide(
+        facts(data_fault=True, skip_streak=40, loss_z=12.0, collapse_online=True), POLICY
+    )
     assert later.skipped and not later.rescue and later.data_fault
     assert decide(facts(data_fault=True, loss=math.nan), POLICY).rescue  # non-finite still does
     # the mode ends after data_clear_steps clean batches in a row
