@@ -47,15 +47,10 @@ steps: 20 %). With ``c`` the confidence (default 0.9):
 Every level is a valid stored level, in (0, 1] (``levels.valid_level``), and each level's
 ``note`` says in one line what backs it (the command prints the uncertified ones).
 
-Runs that no healthy step can come from are refused, each kind in one error naming the
-runs: a run with no rows, a run whose steps do not strictly increase (a step repeated or
-going back; ``runfiles.records.check_steps``), and a copy of another calibration run (the
-same ``runfiles.records.content_fingerprint``, whatever its file or run id: its steps are
-the other's, counted twice, and 10,000 copies of one run would certify budgets that one
-run cannot). Runs that collapsed are refused (a false-alarm level is set on healthy steps
-only; a run without a label is labelled here by ``runfiles.label``), and so are runs the
-model trained on (their risks are what the model learned, not what a new run will give;
-its validation runs are allowed: levels were set on them before).
+Runs no healthy step can come from (empty, steps out of order, copies of another), runs
+that collapsed and runs the model trained on are refused, each kind in one error naming the
+runs (:mod:`.calibration_runs`; the model's validation runs are allowed: levels were set on
+them before).
 The result is a model version like any other: saved, loaded, served, registered in MLflow
 (:func:`collapse_guard.predictor.lifecycle.registry.log_calibration`), taken by the guard; its
 ``version`` names its content (``<base version>-cal-<fingerprint>``) and its meta the runs
@@ -66,9 +61,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -76,6 +70,11 @@ import pandas as pd
 from scipy.stats import chi2
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.predictor.core.calibration_runs import (
+    RunsLike,
+    calibration_records,
+    refuse_unfit,
+)
 from collapse_guard.predictor.core.levels import (
     LEVELS,
     Level,
@@ -87,15 +86,6 @@ from collapse_guard.predictor.core.levels import (
     valid_level,
 )
 from collapse_guard.predictor.core.seen_runs import SeenRuns, merged_ids, stored_ids
-from collapse_guard.runfiles import RunMeta
-from collapse_guard.runfiles.label import label_run
-from collapse_guard.runfiles.records import (
-    RunRecord,
-    check_steps,
-    content_fingerprint,
-    find_run_files,
-    load_runs,
-)
 
 
 class _Model(Protocol):
@@ -396,107 +386,6 @@ def healthy_levels(
     return out
 
 
-RunsLike = Iterable[str | Path | RunRecord | pd.DataFrame] | Mapping[str, pd.DataFrame]
-
-
-def _records(runs: RunsLike) -> list[RunRecord]:
-    """Run files, folders of them, ``RunRecord``s, frames (``attrs["run_id"]`` names one), or
-    ``{run_id: frame}``, as records (frames get a meta with no label: they are labelled)."""
-    if isinstance(runs, Mapping):
-        return [
-            RunRecord(frame, RunMeta(str(run_id), "imported")) for run_id, frame in runs.items()
-        ]
-    records, paths = [], []
-    for i, item in enumerate(runs):
-        if isinstance(item, RunRecord):
-            records.append(item)
-        elif isinstance(item, pd.DataFrame):
-            run_id = str(item.attrs.get("run_id") or f"frame-{i}")
-            records.append(RunRecord(item, RunMeta(run_id, "imported")))
-        else:
-            paths.append(item)
-    return records + (load_runs(find_run_files(paths)) if paths else [])
-
-
-def _named(record: RunRecord) -> str:
-    return f"{record.run_id} ({record.path})" if record.path is not None else record.run_id
-
-
-def _why_empty(record: RunRecord) -> str:
-    censoring = record.meta.extra.get("censoring") or {}
-    if censoring.get("rows_before"):  # a guarded run: its rows after the guard acted are out
-        return (
-            f"{_named(record)}: all {censoring['rows_before']} rows censored, the guard first "
-            f"acted at step {censoring.get('first_intervention')}"
-        )
-    return _named(record)
-
-
-def _refuse_empty(records: Sequence[RunRecord]) -> None:
-    empty = [r for r in records if r.n_rows == 0]
-    if empty:
-        named = ", ".join(_why_empty(r) for r in empty[:5])
-        raise UserInputError(
-            f"{len(empty)} of {len(records)} calibration runs have no rows: {named}",
-            "a run gives healthy steps through its rows only; remove the empty runs "
-            "(or calibrate once they have trained)",
-        )
-
-
-def _refuse_copies(records: Sequence[RunRecord]) -> None:
-    # a copy is no new healthy step: counted, it would certify budgets that one run cannot
-    first: dict[str, RunRecord] = {}
-    copies: list[tuple[RunRecord, RunRecord]] = []
-    for record in records:
-        original = first.setdefault(content_fingerprint(record.frame), record)
-        if original is not record:
-            copies.append((record, original))
-    if copies:
-        named = ", ".join(f"{_named(c)} is a copy of {_named(o)}" for c, o in copies[:5])
-        raise UserInputError(
-            f"{len(copies)} of {len(records)} calibration runs hold the same steps and signals "
-            f"as another (the same content fingerprint): {named}",
-            "remove the copy (keep one file of each run): its steps are no new healthy steps",
-        )
-
-
-def _refuse_unusable(records: Sequence[RunRecord]) -> None:
-    """Runs no healthy step can come from: empty, steps out of order, copies."""
-    _refuse_empty(records)
-    for record in records:  # files were checked as read, before censoring; frames here
-        check_steps(record.frame, f"calibration run {_named(record)}")
-    _refuse_copies(records)
-
-
-def _onset(record: RunRecord) -> int | None:
-    if record.meta.onset_step is not None or record.meta.label_version is not None:
-        return record.meta.onset_step
-    return label_run(record.frame).onset_step  # unlabelled (a probe's or a guard's run)
-
-
-def _refuse_collapsed(records: Sequence[RunRecord]) -> None:
-    collapsed = [(r.run_id, step) for r in records if (step := _onset(r)) is not None]
-    if collapsed:
-        named = ", ".join(f"{run_id} (onset at step {step})" for run_id, step in collapsed[:5])
-        raise UserInputError(
-            f"{len(collapsed)} of {len(records)} calibration runs collapsed: {named}",
-            "calibrate sets false-alarm levels on healthy runs only; pass runs that trained "
-            "to their end without collapsing",
-        )
-
-
-def _refuse_trained_on(model: _Model, records: Sequence[RunRecord]) -> None:
-    seen = SeenRuns.from_meta(model.meta)
-    known = [r.run_id for r in records if seen.role_of(r.run_id) == "train"]
-    if known:
-        raise UserInputError(
-            f"{len(known)} of {len(records)} calibration runs are among the runs model "
-            f"{model.meta['version']} was trained on: {', '.join(known[:5])}",
-            "calibrate on runs of your own set-up that the model never trained on; its risks "
-            "on its own training runs are what it learned, not what a new run gives",
-        )
-
-
 def calibrate(
     model: Model,
     runs: RunsLike,
@@ -515,14 +404,12 @@ def calibrate(
     runs (or steps) would certify it, and a one-line ``note``.
     """
     check_confidence(confidence)  # before any run is read or scored
-    records = _records(runs)
+    records = calibration_records(runs)
     if not records:
         raise UserInputError(
             "no calibration runs given", "pass healthy run files of your set-up (--runs DIR)"
         )
-    _refuse_unusable(records)
-    _refuse_collapsed(records)
-    _refuse_trained_on(model, records)
+    refuse_unfit(model, records)
     # at the recorded rows, as the evaluation scores a run (a row gap is no healthy step)
     risks = [model.predict_run(r.frame, steps=r.frame["step"].to_numpy()) for r in records]
     evidence = healthy_levels(
