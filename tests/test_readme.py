@@ -319,8 +319,9 @@ print(json.dumps({"warn": model.thresholds["warn"], **out}))
 
 @pytest.mark.slow  # ~1 min: two unguarded runs of the demo
 def test_the_readmes_demo_variants_are_what_they_print():
-    """The demo section's other figures: a healthy re-warm to half the edge stays under
-    `warn`; the AdamW re-warm collapses late without a warning."""
+    """The demo section's other figures: a healthy re-warm to half the edge stays healthy,
+    its risk's peak near `warn` (the forecast's false alarm inside LR rises, quoted as a
+    band that holds across CPUs); the AdamW re-warm collapses late without a warning."""
     from collapse_guard.demo import PINNED_KERNELS
 
     section = _demo_section()
@@ -340,12 +341,14 @@ def test_the_readmes_demo_variants_are_what_they_print():
     )
     figures = json.loads(done.stdout.splitlines()[-1])
     peak, warning, onset, _ = figures["half"]
-    assert onset is None and warning is None  # healthy, and no warning
+    assert onset is None  # healthy
+    assert (warning is not None) == (peak >= figures["warn"])  # the demo's alarm rule
     text_ = " ".join(section.split())
     low, high, quoted_warn = re.search(
-        r"its risk stays under `warn` \(its peak ([\d.]+)-([\d.]+) against ([\d.]+)", text_
+        r"its risk comes up to `warn` \(its peak ([\d.]+)-([\d.]+) against ([\d.]+)", text_
     ).groups()
-    assert float(low) <= peak <= float(high) < figures["warn"]
+    assert float(low) <= peak <= float(high)
+    assert float(low) < figures["warn"] < float(high)  # "comes up to": the band spans it
     assert _same_as_quoted(figures["warn"], quoted_warn)
     peak, warning, onset, final = figures["adamw"]
     assert warning is None  # the forecast misses this AdamW collapse
