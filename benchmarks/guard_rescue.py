@@ -71,15 +71,16 @@ arm                   what
 ``reactive_only``     ``guarded`` with the forecast's actions off (``forecast_actions=
                       False``): no LR cut, tighter clip or outlier bound at warn or
                       critical; the reactive rules, rescues and checkpoints as they are
-``guarded_hold``      ``guarded`` holding the LR at warn instead of halving it
-                      (``warn_action="hold"``: warn_hold.py)
+``guarded_scale``     ``guarded`` halving the LR at warn instead of holding it
+                      (``warn_action="scale"``: the default before the 640-run model;
+                      ``guarded_hold`` in the results of 2026-12-03, when it was the arm)
 ``lifting``           ``guarded`` with the rescue's cap lifting (``lr_lift_steps=20``:
                       1.5x per 20 healthy steps, falling back on a precursor or warn)
 ``lifting_slow``      the same, slower: 1.25x per 60 healthy steps
 ``skip_z6``           ``guarded`` with OLMo-core's outlier bound, z = 6 (``outlier_z``; 10
                       by default since issue 32): it skips every batch the default skips
                       and more, so it runs on every configuration
-``warn_quarter``      ``guarded`` with a quarter of the LR at warn (``warn_lr=0.25``)
+``warn_quarter``      ``guarded_scale`` with a quarter of the LR at warn (``warn_lr=0.25``)
 ``warn_quarter_slow`` the same, the multiplier doubling back every 300 steps once the
                       risk falls (``lr_restore_steps=300``) instead of 100
 ====================  ================================================================
@@ -150,28 +151,28 @@ GUARD_POLICIES = {
     "rescue_quarter": {"rescue_lr": 0.25, "developed_rescue_lr": 0.25},
     "rescue_developed": {"developed_rescue_lr": 0.25},
     "reactive_only": {"forecast_actions": False},
-    "guarded_hold": {"warn_action": "hold"},
+    "guarded_scale": {"warn_action": "scale"},
     "lifting": {"lr_lift_steps": 20},
     "lifting_slow": {"lr_lift_steps": 60, "lr_lift": 1.25},
-    "warn_quarter": {"warn_lr": 0.25},
-    "warn_quarter_slow": {"warn_lr": 0.25, "lr_restore_steps": 300},
+    "warn_quarter": {"warn_action": "scale", "warn_lr": 0.25},
+    "warn_quarter_slow": {"warn_action": "scale", "warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z6": {"outlier_z": 6.0},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
-ARMS += ("rescue_developed", "reactive_only", "guarded_hold", "lifting", "lifting_slow")
+ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow")
-FORECAST_ARMS = ("reactive_only", "guarded_hold", "warn_quarter", "warn_quarter_slow")
+FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
-    ("guarded_hold", "reactive_only"),
-    ("guarded_hold", "guarded"),
+    ("guarded_scale", "reactive_only"),
+    ("guarded", "guarded_scale"),
     ("lifting", "guarded"),
     ("lifting_slow", "guarded"),
     ("warn_quarter", "reactive_only"),

@@ -17,8 +17,8 @@ arm               what
 ``permanent``     the jump rule of issue 32 (a step change: ``lr_jump_span=1``), the
                   cap for good (``lr_lift_steps=0``)
 ``lifting``       that jump rule and the cap that lifts (``lr_lift_steps=20``)
-``hold``          ``permanent`` (the defaults) holding the LR at warn instead of halving
-                  it (``warn_action="hold"``: warn_hold.py)
+``scale``         ``permanent`` (the defaults) halving the LR at warn instead of holding
+                  it (``warn_action="scale"``: the default before the 640-run model)
 ``reactive``      ``permanent`` with the forecast's actions off (``forecast_actions=
                   False``: the reactive rules and rescues alone)
 ``olmo_skips``    ``permanent`` skipping outliers over OLMo-core's z = 6 (``outlier_z``;
@@ -51,7 +51,7 @@ ARMS: dict[str, dict | None] = {
     "before": {"lr_jump_span": 10, "lr_lift_steps": 0},
     "permanent": {"lr_lift_steps": 0},
     "lifting": {"lr_lift_steps": 20},
-    "hold": {"warn_action": "hold"},
+    "scale": {"warn_action": "scale"},
     "reactive": {"forecast_actions": False},
     "olmo_skips": {"outlier_z": 6.0},
 }

@@ -268,7 +268,7 @@ def test_the_readmes_demo_figures_hold_for_what_the_demo_prints(tmp_path):
     frame, _ = read_run(next((tmp_path / "guarded").glob("run-*.parquet")))
     events = [(int(s), e) for s, e in zip(frame["step"], frame["event"], strict=True) if e]
     assert sum(e.count("qk_clip:") for _, e in events) == heads
-    assert any("lr_x0.5" in e for _, e in events)  # the LR halved at warn
+    assert any(re.search(r"lr_hold:\d", e) for _, e in events)  # the LR held at warn
     ((rescue, rescued),) = [(s, e) for s, e in events if "rescue:" in e]
     parts = dict(p.split(":", 1) for p in rescued.split(";"))
     averaged = _quoted(r"mean of the last (\d+) healthy checkpoints", section)

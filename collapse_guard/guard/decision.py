@@ -32,8 +32,8 @@ The order of the rules is the order of their urgency::
     level     LR multiplier and clipping of the level; a tensor whose gradient norm
               is an outlier is clipped (warn and above); none of it with the
               forecast's actions off (``forecast_actions=False``: the level is read
-              as OK); at warn, ``warn_action="hold"`` holds the LR instead of scaling
-              it (the applier's WarnHold: warn_hold.py)
+              as OK); at warn the LR is held (``warn_action="hold"``, the default:
+              the applier's WarnHold, warn_hold.py), or scaled (``"scale"``)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
               or above when none is recent
 

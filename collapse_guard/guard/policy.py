@@ -65,13 +65,13 @@ class GuardPolicy:
     # warn / critical LR, clip or outlier bound, no layer clipping, no hold): the reactive
     # rules, rescues and checkpoints alone, the level still read and recorded (the rescue
     # benchmark's reactive_only arm)
-    warn_action: str = "scale"  # at warn: "scale" the LR by warn_lr; "hold": the LR in
-    # force at the warn's first step is a ceiling while the risk stays at warn or above
-    # (warn_hold.py: a rise stopped, no cut), released by doubling every lr_restore_steps
-    # after. critical scales by critical_lr in both. "scale" stays the default: the hold
-    # measured no better (benchmarks/guard_rescue.py, 10 seed-0 collapses, 2026-12-02: the
-    # same where no run warned, 8 of 10; 71 steps lost against 32 on the one that warned
-    # and differed; the demo 2.628 nats and 67 steps lost against 2.573 and 58)
+    warn_action: str = "hold"  # at warn: "hold": the LR in force at the warn's first step
+    # is a ceiling while the risk stays at warn or above (warn_hold.py: a rise stopped, no
+    # cut), released by doubling every lr_restore_steps after; "scale": the LR times
+    # warn_lr. critical scales by critical_lr in both. "hold" since the 640-run model (its
+    # lower warn acts earlier, and a halving compounds into the rescue's cap): 12/12
+    # saveable develops saved, -0.017 nats against the safe-LR run, where halving saved 9
+    # (benchmarks/guard_rescue.py, 2026-12-03: guarded_hold; docs/decisions.md 20)
 
     # --- LR multiplier (applied at step time, over whatever LR the loop set) ---
     warn_lr: float = 0.5  # the real runs collapse 1.5-4x past the stable edge (sampler.py

@@ -1,4 +1,5 @@
-"""The forecast's hold at ``warn`` (``GuardPolicy.warn_action="hold"``): stop an LR rise.
+"""The forecast's hold at ``warn`` (``GuardPolicy.warn_action="hold"``, the default): stop an
+LR rise.
 
 The warn level says the run is drifting towards a collapse; the real runs collapse past
 the LR they were stable at (the sampler's recipes: ramps and re-warms 1.5-4x past the

@@ -62,9 +62,9 @@ def _sgd_step_scale(tmp_path, set_lr_every_step: bool, level: str, fixed_risk) -
     model, _ = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = None if set_lr_every_step else warmup_cosine(opt, 5, 200)
-    policy = GuardPolicy(
-        risk_every=1, clip=0.0, warn_clip=0.0, critical_clip=0.0, critical_outlier_z=100.0
-    )
+    no_clip = {"clip": 0.0, "warn_clip": 0.0, "critical_clip": 0.0}
+    # "scale": warn's multiplier (the default holds the LR instead: test_warn_hold.py)
+    policy = GuardPolicy(risk_every=1, critical_outlier_z=100.0, warn_action="scale", **no_clip)
     guard = Guard(model, opt, tmp_path, risk=fixed_risk(level), policy=policy)
     loop, ratios = Loop(), []
     for _ in range(30):

@@ -62,7 +62,9 @@ def test_a_rescue_past_the_cap_gives_up():
 
 
 def test_levels_set_lr_and_clip_and_the_lr_comes_back_by_doubling():
-    warn = decide(facts(level="warn"), POLICY)
+    warn = decide(facts(level="warn"), POLICY)  # the default holds the LR (warn_hold.py)
+    assert (warn.lr_multiplier, warn.clip_to) == (1.0, 0.5)
+    warn = decide(facts(level="warn"), GuardPolicy(warn_action="scale"))
     assert (warn.lr_multiplier, warn.clip_to) == (0.5, 0.5)
     critical = decide(facts(level="critical"), POLICY)
     assert (critical.lr_multiplier, critical.clip_to) == (0.25, 0.25)

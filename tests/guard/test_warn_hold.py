@@ -1,7 +1,7 @@
 """The forecast's actions on a real tiny model, the risk stubbed (the risk is not what these
 tests are about: ``FixedRisk`` answers the level a test sets, read at the next step):
-``warn_action="hold"`` holds the LR at warn while the loop's schedule rises, and releases
-it after; ``forecast_actions=False`` leaves the LR and clipping alone at any level, and
+warn holds the LR (``warn_action="hold"``, the default) while the loop's schedule rises,
+and releases it after; ``forecast_actions=False`` leaves the LR and clipping alone at any level, and
 the reactive rescue still comes."""
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ def _ramp(tmp_path, fixed_risk, levels: dict[int, str], steps: int, **policy) ->
 
 def test_warn_holds_the_lr_while_the_schedule_rises_and_releases_it_after(tmp_path, fixed_risk):
     levels = {8: "warn", 18: "ok"}  # steps 10-19 at warn; released from step 20
-    loop_lrs, in_force, guard = _ramp(
-        tmp_path, fixed_risk, levels, 40, warn_action="hold", lr_restore_steps=5
-    )
+    loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, levels, 40, lr_restore_steps=5)
     assert in_force[:10] == pytest.approx(loop_lrs[:10])  # below warn: the loop's own LR
     held = loop_lrs[10]  # the LR in force at the warn's first step
     assert in_force[10:20] == pytest.approx([held] * 10)  # not cut, and no higher
@@ -84,8 +82,8 @@ def test_a_resumed_run_stays_held_and_the_trackers_lr_scale_shows_the_hold(tmp_p
     assert first_step_lr(state, tmp_path / "c") == pytest.approx(2 * loop_lrs[-1])
 
 
-def test_warn_scales_the_lr_by_default(tmp_path, fixed_risk):
-    loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, {8: "warn"}, 15)
+def test_warn_scales_the_lr_when_asked(tmp_path, fixed_risk):
+    loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, {8: "warn"}, 15, warn_action="scale")
     assert in_force[10:] == pytest.approx([0.5 * lr for lr in loop_lrs[10:]])
     assert guard.summary()["lr_holds"] == 0
 
