@@ -21,9 +21,10 @@ event kinds                 what they leave known
                             the rescue counted however young (:func:`rescue_label`); with
                             none open (a rescue of outliers after an LR jump), the rescue's
                             own step. Rows after it are another trajectory: dropped
-everything else             an intervention: a level's LR change (``lr_x``) or per-layer
-                            clip (``clip_layers``), a skipped non-finite gradient (which
-                            unguarded is a NaN update): they exist to avert a collapse, so
+everything else             an intervention: a level's LR change (``lr_x``), warn's LR hold
+                            (``lr_hold``), a per-layer clip (``clip_layers``), a skipped
+                            non-finite gradient (which unguarded is a NaN update): they
+                            exist to avert a collapse, so
                             the rows whose outcome depends on the steps after them are
                             censored, as below
 ==========================  =================================================================

@@ -1,8 +1,8 @@
 """The forecast's actions on a real tiny model, the risk stubbed (the risk is not what these
 tests are about: ``FixedRisk`` answers the level a test sets, read at the next step):
 warn holds the LR (``warn_action="hold"``, the default) while the loop's schedule rises,
-and releases it after; ``forecast_actions=False`` leaves the LR and clipping alone at any level, and
-the reactive rescue still comes."""
+and releases it after; ``forecast_actions=False`` leaves the LR and clipping alone at any
+level, and the reactive rescue still comes."""
 
 from __future__ import annotations
 

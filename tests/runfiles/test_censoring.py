@@ -28,9 +28,12 @@ def test_actions_that_leave_the_outcome_known_keep_every_row(event):
     assert len(kept) == 1500 and not censoring.censored and meta.onset_step is None
 
 
-@pytest.mark.parametrize("event", ["lr_x0.5", "clip_layers:3", "skip:nonfinite_grad"])
+@pytest.mark.parametrize(
+    "event", ["lr_x0.5", "lr_hold:0.021", "clip_layers:3", "skip:nonfinite_grad"]
+)
 def test_an_intervention_censors_the_rows_whose_horizon_reaches_it(event):
-    # a level's LR change or layer clip, a skipped NaN update: each may avert a collapse
+    # a level's LR change, warn's hold (the default) or a layer clip, a skipped NaN update:
+    # each may avert a collapse
     frame = intervene(intervene(loss_trace(), 300, "qk_clip:h.0x0.9"), 900, event)
     kept, _, censoring = censor_guarded(frame, guarded("g", frame))
     assert censoring.first_intervention == 900
