@@ -83,6 +83,9 @@ arm                   what
 ``warn_quarter``      ``guarded_scale`` with a quarter of the LR at warn (``warn_lr=0.25``)
 ``warn_quarter_slow`` the same, the multiplier doubling back every 300 steps once the
                       risk falls (``lr_restore_steps=300``) instead of 100
+``hold_watch``        ``guarded`` whose hold at warn lifts only once the risk is under
+                      watch (``hold_release="watch"``: an alarm's hysteresis), not under
+                      warn
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -152,6 +155,7 @@ GUARD_POLICIES = {
     "rescue_developed": {"developed_rescue_lr": 0.25},
     "reactive_only": {"forecast_actions": False},
     "guarded_scale": {"warn_action": "scale"},
+    "hold_watch": {"hold_release": "watch"},
     "lifting": {"lr_lift_steps": 20},
     "lifting_slow": {"lr_lift_steps": 60, "lr_lift": 1.25},
     "warn_quarter": {"warn_action": "scale", "warn_lr": 0.25},
@@ -162,12 +166,13 @@ PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
-ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6")
+ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow")
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
+FORECAST_ARMS += ("hold_watch",)
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
@@ -178,6 +183,7 @@ PAIRS = (
     ("warn_quarter", "reactive_only"),
     ("warn_quarter_slow", "reactive_only"),
     ("skip_z6", "guarded"),
+    ("hold_watch", "guarded"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN

@@ -17,6 +17,7 @@ from collapse_guard._config import reject_unknown_keys
 from collapse_guard.predictor.core.levels import CRITICAL, OK, RISK_LEVELS, WARN, Level
 
 __all__ = [
+    "HOLD_RELEASES",
     "QK_CLIP_MODES",
     "RISK_LEVELS",
     "WARN_ACTIONS",
@@ -27,7 +28,8 @@ __all__ = [
 
 QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 WARN_ACTIONS: tuple[str, ...] = ("scale", "hold")
-_CHOICES = {"qk_clip": QK_CLIP_MODES, "warn_action": WARN_ACTIONS}  # the fields of a name
+HOLD_RELEASES: tuple[str, ...] = ("watch", "warn")
+_CHOICES = {"qk_clip": QK_CLIP_MODES, "warn_action": WARN_ACTIONS, "hold_release": HOLD_RELEASES}
 _SWITCHES = ("forecast_actions",)  # the fields of a bool
 
 
@@ -72,6 +74,13 @@ class GuardPolicy:
     # lower warn acts earlier, and a halving compounds into the rescue's cap): 12/12
     # saveable develops saved, -0.017 nats against the safe-LR run, where halving saved 9
     # (benchmarks/guard_rescue.py, 2026-12-03: guarded_hold; docs/decisions.md 20)
+    hold_release: str = "warn"  # the level the risk must fall under before the hold's
+    # ceiling rises: "warn", or "watch" (an alarm's hysteresis: a risk that hovers between
+    # watch and warn keeps the hold). "watch" held the demo's re-warm where "warn" let it
+    # creep past the edge, but on the rescue benchmark (a Zen 5, 2026-12-04) it saved 9 of
+    # 11 saveable develops against 11, +0.011 nats against the safe-LR run against -0.025:
+    # held near the edge a run trains worse than one rescued to a quarter of its LR
+    # (benchmarks/guard_rescue.py arm hold_watch; docs/decisions.md 23)
 
     # --- LR multiplier (applied at step time, over whatever LR the loop set) ---
     warn_lr: float = 0.5  # the real runs collapse 1.5-4x past the stable edge (sampler.py
@@ -239,6 +248,10 @@ class GuardPolicy:
         level = self.acting_level(level)
         bound = {WARN: self.warn_clip, CRITICAL: self.critical_clip}.get(level, self.clip)
         return min(bound, self.clip) if self.clip > 0 else bound
+
+    def releases_hold(self, level: Level) -> bool:
+        """Whether the warn's hold may rise at ``level``: under ``hold_release``."""
+        return self.acting_level(level) < Level(self.hold_release)
 
     def attention_every(self, level: Level, base: int) -> int:
         """The probe's attention period at a level: watch_attention_every at watch or

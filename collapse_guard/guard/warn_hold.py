@@ -6,7 +6,8 @@ the LR they were stable at (the sampler's recipes: ramps and re-warms 1.5-4x pas
 stable edge). Instead of cutting the LR (``warn_lr``), the hold keeps the LR in force at
 the warn's first step as a ceiling while the risk stays at warn or above: the loop's
 schedule may go on rising, the LR in force does not. Nothing is rolled back. When the
-risk falls below warn, the ceiling rises by doubling every ``lr_restore_steps`` (the
+risk falls below warn (``hold_release``; ``"watch"`` waits for a risk under watch), the
+ceiling rises by doubling every ``lr_restore_steps`` (the
 level multiplier's own pace: a level left is not trusted at once) until it passes the
 LR the step would run at, and the hold is gone::
 
@@ -52,7 +53,7 @@ class WarnHold:
                 return []
             self.ceiling, self.holds = lr, self.holds + 1
             return [f"lr_hold:{lr:.3g}"]
-        if not self.on:
+        if not self.on or not policy.releases_hold(level):
             return []
         steps = policy.lr_restore_steps
         self.ceiling *= 2.0 ** (1.0 / steps) if steps else math.inf

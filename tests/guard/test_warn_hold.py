@@ -56,6 +56,19 @@ def test_warn_holds_the_lr_while_the_schedule_rises_and_releases_it_after(tmp_pa
     assert guard.summary()["lr_holds"] == 1 and guard.summary()["lr_hold"] == math.inf
 
 
+@pytest.mark.parametrize("release", ["watch", "warn"])
+def test_a_risk_between_watch_and_warn_keeps_the_hold_unless_told(tmp_path, fixed_risk, release):
+    levels = {8: "warn", 18: "watch", 28: "ok"}  # warn 10-19, watch 20-29, ok from 30
+    loop_lrs, in_force, _ = _ramp(
+        tmp_path, fixed_risk, levels, 40, lr_restore_steps=5, hold_release=release
+    )
+    held = loop_lrs[10]
+    first = 30 if release == "watch" else 20  # the first step whose ceiling rises
+    assert in_force[10:first] == pytest.approx([held] * (first - 10))
+    assert in_force[first] == pytest.approx(held * 2**0.2)
+    assert in_force[first] < loop_lrs[first]  # still held, now released step by step
+
+
 def test_a_resumed_run_stays_held_and_the_trackers_lr_scale_shows_the_hold(tmp_path, fixed_risk):
     loop_lrs, in_force, guard = _ramp(tmp_path, fixed_risk, {8: "warn"}, 20, warn_action="hold")
     held = loop_lrs[10]
@@ -120,5 +133,7 @@ def test_reactive_only_leaves_lr_and_clip_alone_and_still_rescues(tmp_path, fixe
 def test_the_forecast_knobs_reject_bad_values():
     with pytest.raises(ValueError, match="warn_action must be one of"):
         GuardPolicy(warn_action="freeze")
+    with pytest.raises(ValueError, match="hold_release must be one of"):
+        GuardPolicy(hold_release="ok")
     with pytest.raises(TypeError, match="forecast_actions must be True or False"):
         GuardPolicy(forecast_actions=1)
