@@ -7,9 +7,9 @@ stable edge). Instead of cutting the LR (``warn_lr``), the hold keeps the LR in 
 the warn's first step as a ceiling while the risk stays at warn or above: the loop's
 schedule may go on rising, the LR in force does not. Nothing is rolled back. When the
 risk falls below warn (``hold_release``; ``"watch"`` waits for a risk under watch), the
-ceiling rises by doubling every ``lr_restore_steps`` (the
-level multiplier's own pace: a level left is not trusted at once) until it passes the
-LR the step would run at, and the hold is gone::
+ceiling rises by doubling every ``lr_restore_steps`` (the level multiplier's own pace: a
+level left is not trusted at once) until it passes the LR the step would run at, and the
+hold is gone::
 
     below warn --warn at LR l--> held at l --(risk < warn)--> l x 2^(t / lr_restore_steps)
         ^                          ^   | (warn again: the rise stops where it is)  |
