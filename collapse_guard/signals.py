@@ -47,6 +47,9 @@ opt_momentum_cos          optimizer   cosine of the momentum with the gradient
 opt_sign_agree            optimizer   Lion: share of coords moved against the gradient
 opt_ortho_rms             optimizer   Muon: RMS of the update / lr on its matrices
 stability_margin          optimizer   lr x curvature along the update / threshold (1: edge)
+line_edge                 line        curvature term along the step / its first-order term
+line_descent              line        probe-batch decrease of the step / first-order term
+line_double               line        the same for a step twice as long (< 0: overshoot)
 ========================  ==========  =============================================
 """
 
@@ -152,6 +155,10 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("opt_sign_agree", "optimizer", period=0),
     Signal("opt_ortho_rms", "optimizer", period=0),
     Signal("stability_margin", "optimizer", period=0),  # Cohen et al. 2022's threshold
+    # line group: the probe batch's loss along the step just taken, at 0, 1 and 2 times it
+    Signal("line_edge", "line", period=0),  # 1: gradient descent's edge of stability
+    Signal("line_descent", "line", period=0),
+    Signal("line_double", "line", period=0),
 )
 
 SIGNAL_NAMES: tuple[str, ...] = tuple(s.name for s in SIGNALS)

@@ -13,12 +13,15 @@ from typing import Any
 
 from collapse_guard._config import reject_unknown_keys
 
-__all__ = ["RECORDED_OPTIMIZER_EVERY", "ProbeConfig"]
+__all__ = ["RECORDED_LINE_EVERY", "RECORDED_OPTIMIZER_EVERY", "ProbeConfig"]
 
 # the optimizer-state group's period where runs are recorded as data (``collapse-guard data
 # real``): off in a user's loop (no model reads it yet), on in the corpus, so that the
 # ablation that would keep it has the runs
 RECORDED_OPTIMIZER_EVERY = 10
+# the line group's, likewise: three probe-batch forwards and copies of the parameters a due
+# step, a few percent of a small model's run at 10 (benchmarks/probe_overhead.py)
+RECORDED_LINE_EVERY = 10
 
 
 @dataclass
@@ -37,6 +40,8 @@ class ProbeConfig:
     # one before it (the stability margin compares their gradients), ~9 sketch gathers a
     # pair: 0.14 % of a 6x256 step at 10, but 35-100 % of the README's 2-layer GPT's tiny
     # step (fixed costs per tensor); no model reads it yet (training.data.MODEL_SIGNALS)
+    line_every: int = 0  # off: the loss along the step on the probe batch (three forwards,
+    # copies of the parameters and gradients); no model reads it yet (MODEL_SIGNALS)
     system_every: int = 100  # reads /proc and NVML: host calls, no need to be frequent
     sharpness_every: int = 0  # off: power iteration costs ~2 x sharpness_iters backward passes
 

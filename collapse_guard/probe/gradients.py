@@ -27,7 +27,15 @@ import torch
 
 from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
-__all__ = ["GradientGroup", "unscale_factor"]
+__all__ = ["GradientGroup", "float32_norms", "unscale_factor"]
+
+
+def float32_norms(tensors: list[torch.Tensor], order: float = 2) -> list[torch.Tensor]:
+    """Each tensor's norm as a float32 0-d tensor, in one fused kernel where it can be:
+    ``dtype=float32`` would narrow a float64 tensor, which torch refuses."""
+    if any(t.dtype == torch.float64 for t in tensors):
+        return [n.float() for n in torch._foreach_norm(tensors, order)]
+    return list(torch._foreach_norm(tensors, order, dtype=torch.float32))
 
 
 def unscale_factor(scaler: object, optimizer: object) -> torch.Tensor | None:
@@ -96,7 +104,7 @@ class GradientGroup(SignalGroup):
             return self
         grads = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in with_grad]
         device = grads[0].device
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        norms = float32_norms(grads)
         stacked = torch.stack(norms if self._one_device(norms) else [n.to(device) for n in norms])
         squares = stacked.square()
         unscale = unscale_factor(state.scaler, state.optimizer)
@@ -152,7 +160,7 @@ class GradientGroup(SignalGroup):
         """
         if host_reads and total.device.type == "cpu" and bool(torch.isfinite(total)):
             return 0.0
-        counts = torch._foreach_norm(torch._foreach_mul(grads, 0.0), 0, dtype=torch.float32)
+        counts = float32_norms(torch._foreach_mul(grads, 0.0), order=0)
         return torch.stack([c.to(total.device) for c in counts]).sum()
 
     def _indices(

@@ -43,6 +43,7 @@ from collapse_guard.probe.capture import (
 from collapse_guard.probe.config import ProbeConfig
 from collapse_guard.probe.gradients import GradientGroup
 from collapse_guard.probe.layout import find_blocks, find_logits_module
+from collapse_guard.probe.line_search import LineSearchGroup
 from collapse_guard.probe.optimizer_state import OptimizerStateGroup
 from collapse_guard.probe.outputs import OutputGroup, PredictionGroup
 from collapse_guard.probe.recorder import open_writer
@@ -80,6 +81,7 @@ GROUPS: tuple[type[SignalGroup], ...] = (
     PredictionGroup,
     SystemGroup,
     SharpnessGroup,
+    LineSearchGroup,
 )
 
 

@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from collapse_guard.probe.gradients import float32_norms
 from collapse_guard.probe.state import Event, ProbeState, SignalGroup
 
 __all__ = ["SketchedGroup", "UpdateGroup"]
@@ -185,7 +186,7 @@ class UpdateGroup(SketchedGroup):
             return self
         before = self._before[1] if self._before and self._before[0] == state.step else self._last
         self._before, self._last = None, sketch
-        norms = torch._foreach_norm(params, 2, dtype=torch.float32)
+        norms = float32_norms(params)
         if any(n.device != sketch.device for n in norms):
             norms = [n.to(sketch.device) for n in norms]
         values: dict[str, torch.Tensor | float] = {

@@ -45,12 +45,12 @@ def test_names_follow_the_pattern_and_order():
 def test_default_schema_size():
     schema = FeatureExtractor().schema
     assert schema.window == 200 and schema.signals == SIGNAL_NAMES
-    # by hand from signals.py and features.readings: 19 signals read as levels (9
+    # by hand from signals.py and features.readings: 22 signals read as levels (9
     # statistics, + frac_over for the 5 with a seed threshold: grad_cv, update_cos,
-    # update_flips, attn_kl, attn_saturation), 16 read as ratios (8 statistics), the
-    # loss as a shift (8), 2 DSI features, 12 context fields
-    assert len(SIGNAL_NAMES) == 19 + 16 + 1
-    assert len(schema.names) == 19 * 9 + 5 + 16 * 8 + 8 + 2 + 12 == 326
+    # update_flips, attn_kl, attn_saturation; the line group's 3 among them), 16 read as
+    # ratios (8 statistics), the loss as a shift (8), 2 DSI features, 12 context fields
+    assert len(SIGNAL_NAMES) == 22 + 16 + 1
+    assert len(schema.names) == 22 * 9 + 5 + 16 * 8 + 8 + 2 + 12 == 353
     assert len(set(schema.names)) == len(schema.names)
     assert schema.context == schema.names[-12:]
 

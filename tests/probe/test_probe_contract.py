@@ -39,7 +39,12 @@ def test_group_contract(group: type[SignalGroup]):
     model = tiny_gpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     config = ProbeConfig(
-        attention_every=1, system_every=1, sharpness_every=1, sharpness_iters=2, optimizer_every=1
+        attention_every=1,
+        system_every=1,
+        sharpness_every=1,
+        sharpness_iters=2,
+        optimizer_every=1,
+        line_every=1,
     )
     probe = Probe(model, optimizer, config)
     member = next(f for f in probe.groups if isinstance(f, group))

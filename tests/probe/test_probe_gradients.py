@@ -33,6 +33,12 @@ def test_grad_cv_is_std_over_mean_of_per_layer_norms():
     assert record["grad_nonfinite"] == 0.0
 
 
+def test_a_float64_model_is_measured():
+    record = _set_grads_and_measure(Layered(4).double(), [1.0, -2.0, 3.0, 4.0])
+    assert record["grad_norm"] == pytest.approx(math.sqrt(1 + 4 + 9 + 16), rel=1e-6)
+    assert record["grad_cv"] == pytest.approx(math.sqrt(1.25) / 2.5, rel=1e-6)
+
+
 def test_equal_layer_norms_give_zero_cv_and_nonfinite_are_counted():
     assert _set_grads_and_measure(Layered(3), [2.0, -2.0, 2.0])["grad_cv"] == 0.0
     record = _set_grads_and_measure(Layered(3), [math.inf, math.nan, 1.0])

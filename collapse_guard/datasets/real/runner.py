@@ -136,7 +136,7 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     import torch
 
     from collapse_guard.probe import Probe, ProbeConfig
-    from collapse_guard.probe.config import RECORDED_OPTIMIZER_EVERY
+    from collapse_guard.probe.config import RECORDED_LINE_EVERY, RECORDED_OPTIMIZER_EVERY
     from collapse_guard.runfiles.format import RunMeta
     from collapse_guard.runfiles.label import apply_label, label_run
     from collapse_guard.runfiles.reader import read_run
@@ -146,7 +146,8 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     path = Path(path)
     tmp = temp_path(path)
     model, optimizer = build(config)
-    probe = Probe(model, optimizer, ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY))
+    recorded = ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY, line_every=RECORDED_LINE_EVERY)
+    probe = Probe(model, optimizer, recorded)
     probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
     try:
         steps_run = train(config, model, optimizer, probe)
