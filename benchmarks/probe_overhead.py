@@ -15,10 +15,10 @@ per step (its every-step cost, measured directly), the extra time of a step wher
 periodic families are due, and the overhead at default periods: every-step cost plus
 a due step's extra / P, over the median step without the probe, for each attention
 period P in ``--attention-every`` (an upper bound: the due step includes the system read,
-which comes every 100 steps whatever P is). The optimizer-state group runs at its due
-step and the step before it (``optimizer_every``); its cost is timed apart: the time two
-probes that differ only in it spend in their calls over such a pair, amortised over
-each period in ``--optimizer-every``.
+which comes every 100 steps whatever P is). The opt-in groups (the optimizer state, at its
+due step and the step before it; the line group, three probe-batch forwards at its due
+step) are timed apart: the time two probes that differ only in the group spend in their
+calls over those steps, amortised over each period in ``--opt-in-every``.
 
 Usage::
 
@@ -35,9 +35,12 @@ import torch
 
 from collapse_guard.datasets.real.model import GPT, GPTConfig
 from collapse_guard.probe import Probe, ProbeConfig
-from collapse_guard.probe.config import RECORDED_OPTIMIZER_EVERY
+from collapse_guard.probe.config import RECORDED_LINE_EVERY, RECORDED_OPTIMIZER_EVERY
 
-__all__ = ["main"]
+__all__ = ["OPT_IN", "main"]
+
+# the groups off by default and on where runs are recorded as data: their periods there
+OPT_IN = {"optimizer_every": RECORDED_OPTIMIZER_EVERY, "line_every": RECORDED_LINE_EVERY}
 
 
 def _arm(seed: int, device: str) -> tuple[GPT, torch.optim.Optimizer]:
@@ -78,26 +81,27 @@ def _timed(call, sync) -> float:
     return time.perf_counter() - mark
 
 
-def _optimizer_pair(model, optimizer, batch, repeats: int = 6) -> float:
-    """Seconds the optimizer group adds to the probe's calls over its lead and due steps.
+def _opt_in_cost(model, optimizer, batch, field: str, period: int, repeats: int = 6) -> float:
+    """Seconds an opt-in group (``field``: its period's config field) adds to the probe's
+    calls over its due step and the ``lead`` steps before it.
 
-    Two probes on the one model, alike but for ``optimizer_every`` (the recorder's period, and 0),
-    are both called at every step of a pair, first one then the other, in alternating
-    order (the first after the backward meets cold caches); the every-step groups are on
-    in both, so the group's parameter sketch is the update group's as at the defaults.
-    The probe-batch and system groups are off: they would fall on the due step too.
+    Two probes on the one model, alike but for ``field`` (``period``, and 0), are both
+    called at every step, first one then the other, in alternating order (the first after
+    the backward meets cold caches); the every-step groups are on in both, so the optimizer
+    group's parameter sketch is the update group's as at the defaults. The attention and
+    system groups are off: they would fall on the due step too.
     """
-    period = RECORDED_OPTIMIZER_EVERY
     quiet = {"attention_every": 0, "system_every": 0}
-    arms = [Probe(model, optimizer, ProbeConfig(**quiet, optimizer_every=p)) for p in (period, 0)]
+    arms = [Probe(model, optimizer, ProbeConfig(**quiet, **{field: p})) for p in (period, 0)]
+    lead = next(g for g in arms[0].groups if g.period_field == field).lead
     sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
     extra = []
     for k in range(1, repeats + 1):
         spent = [0.0, 0.0]
         order = (0, 1) if k % 2 else (1, 0)
         for probe in arms:
-            probe.step = period * k - 1  # the lead step, then the due step
-        for _ in range(2):
+            probe.step = period * k - lead  # the lead steps, then the due step
+        for _ in range(lead + 1):
             x, y = batch()
             _, loss = model(x, y)
             loss.backward()
@@ -127,9 +131,9 @@ def main() -> None:
         help="attention periods to report the amortised overhead for (comma-separated)",
     )
     parser.add_argument(
-        "--optimizer-every",
-        default="5,10,25",
-        help="optimizer-state periods to report that group's amortised cost for",
+        "--opt-in-every",
+        default="5,10,25,50",
+        help="periods to report the amortised cost of each opt-in group (optimizer, line) for",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -172,7 +176,10 @@ def main() -> None:
         probe.step = 100 * (probe.step // 100 + 1)
         periodic.append(_step(probed_model, probed_opt, *batch(), probe=probe)[1])
 
-    pair = _optimizer_pair(probed_model, probed_opt, batch)
+    opt_in = {
+        field: _opt_in_cost(probed_model, probed_opt, batch, field, period)
+        for field, period in OPT_IN.items()
+    }
 
     median = {arm: statistics.median(t) for arm, t in times.items()}
     base = median["without"]
@@ -194,10 +201,14 @@ def main() -> None:
         amortized = every_step + extra / period
         mark = " (default)" if period == default else ""
         print(f"  overhead, attention every {period:>3} steps{mark}: {amortized / base:.2%}")
-    print(f"  optimizer group, a lead + due pair: {pair * 1e3:.2f} ms in the probe's calls")
-    for period in (int(p) for p in args.optimizer_every.split(",")):
-        mark = " (recorded runs)" if period == RECORDED_OPTIMIZER_EVERY else ""
-        print(f"  optimizer group, every {period:>3} steps{mark}: {pair / period / base:.3%}")
+    for field, spent in opt_in.items():
+        group = field.removesuffix("_every")
+        print(
+            f"  {group} group, its due step (and lead): {spent * 1e3:.2f} ms in the probe's calls"
+        )
+        for period in (int(p) for p in args.opt_in_every.split(",")):
+            mark = " (recorded runs)" if period == OPT_IN[field] else ""
+            print(f"  {group} group, every {period:>3} steps{mark}: {spent / period / base:.3%}")
 
 
 if __name__ == "__main__":
