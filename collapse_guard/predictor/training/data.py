@@ -57,9 +57,9 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the ru
 # run trains; a model fed it learns the machines its training runs were made on
 # (measured: host_mem_available was among the 20 features with most gain). The probe
 # still records it, for forensics. Nor the optimizer-state family, until an ablation inside
-# LR rises keeps it (issue 34 item 4: three, with 22 of 334, 47 of 359 and 284 of 612 runs
-# recording it, found no gain; benchmarks/README.md); the data runs record it for the next one.
-# Nor the line group (the loss along the step), until its ablation keeps it.
+# LR rises keeps it (issue 34 item 4: four, with 22 of 334, 47 of 359, 284 of 612 and ~600
+# of 925 runs recording it, found no gain; benchmarks/README.md), nor the line group (the
+# loss along the step: one, 81 of 925 runs, no gain); the data runs record both.
 MODEL_SIGNALS: tuple[str, ...] = tuple(
     s.name for s in SIGNALS if s.group not in ("system", "optimizer", "line")
 )
