@@ -54,6 +54,19 @@ def train(model, optimizer, batches, probe=None) -> list[dict]:
     return records
 
 
+def loss_steps(make_loss, optimizer, probe, steps: int) -> list[dict]:
+    """``steps`` steps of the user's loop on the loss ``make_loss()`` returns; the records."""
+    records = []
+    for _ in range(steps):
+        loss = make_loss()
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        records.append(probe.after_step())
+        optimizer.zero_grad()
+    return records
+
+
 class UniformAttention(nn.Module):
     """Zero queries: every query attends uniformly to all T keys (non-causal)."""
 

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from probe_models import tiny_gpt, token_batches, train
+from probe_models import loss_steps, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.datasets.real.config import RealRunConfig
@@ -37,15 +37,7 @@ def _descend(lr: float, steps: int = 2) -> list[dict]:
     model = Valley([7.0, 1.0])
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     probe = Probe(model, optimizer, ProbeConfig(line_every=1), sharpness_closure=model)
-    records = []
-    for _ in range(steps):
-        loss = model()
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        records.append(probe.after_step())
-        optimizer.zero_grad()
-    return records
+    return loss_steps(model, optimizer, probe, steps)
 
 
 @pytest.mark.parametrize("lr", [0.1, 0.3])
@@ -102,14 +94,8 @@ def test_a_model_without_a_loss_reads_nan_with_one_warning():
     probe = Probe(model, optimizer, ProbeConfig(line_every=1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(3):
-            loss = model(torch.randn(4, 3)).square().mean()
-            loss.backward()
-            probe.after_backward(loss)
-            optimizer.step()
-            record = probe.after_step()
-            optimizer.zero_grad()
-            assert all(math.isnan(record[key]) for key in LINE_KEYS)
+        records = loss_steps(lambda: model(torch.randn(4, 3)).square().mean(), optimizer, probe, 3)
+    assert all(math.isnan(r[key]) for r in records for key in LINE_KEYS)
     ours = [w for w in caught if "line_edge" in str(w.message)]
     assert len(ours) == 1 and "sharpness_closure" in str(ours[0].message)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from probe_models import tiny_gpt, token_batches, train
+from probe_models import loss_steps, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.probe import Probe, ProbeConfig
@@ -29,14 +29,7 @@ def test_sharpness_of_a_quadratic_is_its_top_eigenvalue():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     config = ProbeConfig(sharpness_every=2, sharpness_iters=40)
     probe = Probe(model, optimizer, config, sharpness_closure=model)
-    records = []
-    for _ in range(3):
-        loss = model()
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        records.append(probe.after_step())
-        optimizer.zero_grad()
+    records = loss_steps(model, optimizer, probe, 3)
     assert records[0]["sharpness"] == pytest.approx(7.0, rel=1e-5)
     assert records[0]["sharpness_lr"] == pytest.approx(0.7, rel=1e-5)
     assert math.isnan(records[1]["sharpness"])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from probe_models import Vector, tiny_gpt, token_batches, train
+from probe_models import Vector, loss_steps, tiny_gpt, token_batches, train
 
 from collapse_guard.probe import Probe, ProbeConfig
 
@@ -14,15 +14,8 @@ from collapse_guard.probe import Probe, ProbeConfig
 def _run(model: Vector, directions: list[torch.Tensor], lr: float = 0.5, config=None) -> list:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     probe = Probe(model, optimizer, config)
-    records = []
-    for direction in directions:
-        loss = model(direction)
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        records.append(probe.after_step())
-        optimizer.zero_grad()
-    return records
+    steps = iter(directions)
+    return loss_steps(lambda: model(next(steps)), optimizer, probe, len(directions))
 
 
 def test_identical_consecutive_updates_have_cosine_one():
