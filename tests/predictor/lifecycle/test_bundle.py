@@ -120,14 +120,14 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
     tmp_path, work, cached_training
 ):
     # issue 21: `make default-model REAL=data/real` on a folder of 56 runs silently replaced
-    # the shipped 526-run model; today's is the 925-run pack's
+    # the shipped 526-run model; today's is the 1021-run pack's
     out = tmp_path / "default_model"
     shutil.copytree(DEFAULT_MODEL_DIR, out)
     shipped = RiskModel.load(out).meta["version"]
     with pytest.raises(UserInputError) as refused:
         bundle.build_default_model(out, synthetic=N_RUNS, work=work, seed=SEED)
     message = str(refused.value)
-    assert f"({shipped}: 925 runs, 441 collapsed)" in message
+    assert f"({shipped}: 1021 runs, 476 collapsed)" in message
     assert f"trained on {N_RUNS} runs" in message and "FORCE=1" in message
     assert cached_training == []  # refused before any training
     assert RiskModel.load(out).meta["version"] == shipped
@@ -139,7 +139,7 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
     collapsed = new["bundle"]["collapsed"]
     assert RiskModel.load(out).meta["version"] == new["version"] != shipped
     assert said[-1] == (
-        f"replaced {shipped} (925 runs, 441 collapsed) with {new['version']} "
+        f"replaced {shipped} (1021 runs, 476 collapsed) with {new['version']} "
         f"({N_RUNS} runs, {collapsed} collapsed) [forced]"
     )
     # the same data set again is no poorer: replaced without being forced
@@ -150,8 +150,8 @@ def test_a_smaller_data_set_does_not_replace_the_model_unless_forced(
 def test_the_shipped_model_keeps_the_counts_a_rebuild_is_compared_with():
     version, counts = bundle.bundled_counts(DEFAULT_MODEL_DIR)
     assert version == RiskModel.load().meta["version"]
-    # corpus/README.md's card: 925 runs, 441 collapsed (314 develop, 127 sudden), 484 healthy
-    assert counts == {"runs": 925, "collapsed": 314 + 127}
+    # corpus/README.md's card: 1021 runs, 476 collapsed (338 develop, 138 sudden), 545 healthy
+    assert counts == {"runs": 1021, "collapsed": 338 + 138}
 
 
 def test_make_default_model_passes_force_on():
