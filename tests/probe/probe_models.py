@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from collapse_guard.datasets.real.model import GPT, GPTConfig
+from collapse_guard.probe import Probe
 
 
 def tiny_gpt(dropout: float = 0.0, seed: int = 0) -> GPT:
@@ -62,6 +65,29 @@ def loss_steps(make_loss, optimizer, probe, steps: int) -> list[dict]:
         loss.backward()
         probe.after_backward(loss)
         optimizer.step()
+        records.append(probe.after_step())
+        optimizer.zero_grad()
+    return records
+
+
+def scaled_records(scaler, config=None, inf_at: int | None = None, steps: int = 3) -> list[dict]:
+    """The tiny GPT trained by SGD at 0.1 under an AMP ``scaler`` (None: the plain loop), an
+    infinite gradient set at step ``inf_at``; the probe's records."""
+    model = tiny_gpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Probe(model, optimizer, config, scaler=scaler)
+    records = []
+    for step, (x, y) in enumerate(token_batches(steps)):
+        _, loss = model(x, y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if step == inf_at:
+            model.head.weight.grad[0, 0] = math.inf
+        probe.after_backward(loss)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         records.append(probe.after_step())
         optimizer.zero_grad()
     return records

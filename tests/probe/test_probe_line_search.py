@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from probe_models import loss_steps, tiny_gpt, token_batches, train
+from probe_models import loss_steps, scaled_records, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.datasets.real.config import RealRunConfig
@@ -106,3 +106,16 @@ def test_the_group_is_off_by_default_and_no_model_reads_it():
     assert ProbeConfig().line_every == 0
     assert [s.name for s in SIGNALS if s.group == "line"] == list(LINE_KEYS)
     assert not set(LINE_KEYS) & set(MODEL_SIGNALS)
+
+
+def test_under_a_grad_scaler_the_first_order_term_is_unscaled():
+    """g . u from scaled gradients, unscaled: the readings match the plain loop's; a step
+    the scaler skips (an infinite gradient) did not move, so it reads NaN."""
+
+    config = ProbeConfig(line_every=1)
+    plain = scaled_records(None, config)
+    scaled = scaled_records(torch.amp.GradScaler("cpu", init_scale=1024.0), config)
+    for key in LINE_KEYS:
+        assert scaled[0][key] == pytest.approx(plain[0][key], rel=1e-4), key
+    skipped = scaled_records(torch.amp.GradScaler("cpu", init_scale=1024.0), config, inf_at=1)[1]
+    assert all(math.isnan(skipped[key]) for key in LINE_KEYS)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from probe_models import probed_step, tiny_gpt, token_batches, train
+from probe_models import probed_step, scaled_records, tiny_gpt, token_batches, train
 from torch import nn
 
 from collapse_guard.probe import Probe, ProbeConfig
@@ -38,29 +38,9 @@ def test_prediction_entropy_and_repetition_on_known_logits():
 
 
 def test_grad_scaler_fields_and_unscaled_gradient_norm():
-    def run(scaler, inject_inf_at=None):
-        model = tiny_gpt()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        probe = Probe(model, optimizer, scaler=scaler)
-        records = []
-        for step, (x, y) in enumerate(token_batches(3)):
-            _, loss = model(x, y)
-            (scaler.scale(loss) if scaler else loss).backward()
-            if step == inject_inf_at:
-                model.head.weight.grad[0, 0] = math.inf
-            probe.after_backward(loss)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            records.append(probe.after_step())
-            optimizer.zero_grad()
-        return records
-
-    plain = run(None)
+    plain = scaled_records(None)
     assert math.isnan(plain[0]["loss_scale"]) and plain[0]["overflow"] == 0.0
-    scaled = run(torch.amp.GradScaler("cpu", init_scale=1024.0), inject_inf_at=1)
+    scaled = scaled_records(torch.amp.GradScaler("cpu", init_scale=1024.0), inf_at=1)
     assert scaled[0]["loss_scale"] == 1024.0 and scaled[0]["overflow"] == 0.0
     assert scaled[0]["grad_norm"] == pytest.approx(plain[0]["grad_norm"], rel=1e-5)
     assert scaled[1]["overflow"] == 1.0 and scaled[1]["grad_nonfinite"] == 1.0
