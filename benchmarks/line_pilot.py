@@ -3,10 +3,10 @@
 Issue 34 item 4 asks for a stability margin from a second forward on the same batch where
 the consecutive-batch estimate is too noisy. The probe's line group reads the loss along
 the step just taken on its probe batch (two sequences) by default; this reruns runs of the
-corpus pack with it on the step's **training batch** instead (``Probe(sharpness_closure=)``
-given a closure over the last training forward's inputs), so that the first-order term
-``g . u`` and the curvature term come from one batch: the line search critical sharpness
-does (arXiv 2601.16979). Picked: runs of the pack whose recipe holds an LR rise
+corpus pack with it on the step's **training batch** instead (``runner.run_real``'s
+``loss_closure``: a closure over the last training forward's inputs), so that the
+first-order term ``g . u`` and the curvature term come from one batch: the line search
+critical sharpness does (arXiv 2601.16979). Picked: runs of the pack whose recipe holds an LR rise
 (``RISE_RECIPES``) and no injected fault, ``--per-cell`` healthy runs and as many whose
 collapse develops for each optimizer (seeded draw), trained in that order, resumable
 (a finished file is skipped). The same configuration trains to another trajectory than its
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -38,14 +37,8 @@ import torch
 
 from collapse_guard.datasets.real import runner
 from collapse_guard.datasets.real.config import RealRunConfig
-from collapse_guard.probe import Probe, ProbeConfig
-from collapse_guard.probe.config import RECORDED_LINE_EVERY, RECORDED_OPTIMIZER_EVERY
-from collapse_guard.runfiles.format import RunMeta
-from collapse_guard.runfiles.label import apply_label, label_run
-from collapse_guard.runfiles.reader import read_run
-from collapse_guard.runfiles.writer import write_run
 
-__all__ = ["RISE_RECIPES", "main", "pick_runs", "run_on_training_batch"]
+__all__ = ["RISE_RECIPES", "main", "pick_runs", "training_batch_loss"]
 
 RISE_RECIPES = frozenset({"slow_ramp", "safe_ramp", "constant_high", "nanogpt", "safe_high_lr"})
 PACK = ("corpus/breadth", "corpus/real")
@@ -73,34 +66,16 @@ def pick_runs(per_cell: int, seed: int = 0) -> list[tuple[str, dict]]:
     return picked
 
 
-def run_on_training_batch(config: RealRunConfig, path: Path, run_id: str) -> int | None:
-    """``runner.run_real`` with the line group reading the step's training batch; the
-    label's onset."""
-    model, optimizer = runner.build(config)
+def training_batch_loss(model):
+    """A closure over the loss of ``model``'s last training forward's inputs (a forward
+    pre-hook keeps them): what ``runner.run_real(loss_closure=)`` takes."""
     last: dict = {}
 
     def keep(_module, args, kwargs) -> None:
         last.update(args=args, kwargs=kwargs)
 
     model.register_forward_pre_hook(keep, with_kwargs=True)
-    recorded = ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY, line_every=RECORDED_LINE_EVERY)
-    probe = Probe(
-        model,
-        optimizer,
-        recorded,
-        sharpness_closure=lambda: model(*last["args"], **last["kwargs"])[1],
-    )
-    tmp = runner.temp_path(path)
-    probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
-    try:
-        runner.train(config, model, optimizer, probe)
-    finally:
-        probe.close()
-    frame, meta = read_run(tmp)
-    label = label_run(frame)
-    write_run(tmp, frame, apply_label(meta, label), compact=True)
-    os.replace(tmp, path)
-    return label.onset_step
+    return lambda: model(*last["args"], **last["kwargs"])[1]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         if path.exists() or runner.temp_path(path).exists():
             continue
         began = time.perf_counter()
-        onset = run_on_training_batch(RealRunConfig.from_dict(config), path, f"line-{stem}")
+        result = runner.run_real(
+            RealRunConfig.from_dict(config), path, f"line-{stem}", loss_closure=training_batch_loss
+        )
         seconds = time.perf_counter() - began
-        print(stem, config["optimizer"], config["recipe"], onset, f"{seconds:.0f} s", flush=True)
+        print(stem, config["optimizer"], config["recipe"], result.onset_step, f"{seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 ``Probe(model, optimizer)``, then ``probe.after_backward(loss)`` after the backward pass
 and ``record = probe.after_step()`` after the optimizer step. Each signal group lives
 in its own module (``gradients``, ``updates``, ``optimizer_state``, ``attention``,
-``outputs``, ``amp``, ``system``, ``sharpness``,
-``line_search``), each with a table of its keys.
+``outputs``, ``amp``, ``system``, ``sharpness``, ``line_search``), each with a table of
+its keys.
 """
 
 from collapse_guard.probe.capture import AttentionCapture

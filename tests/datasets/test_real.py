@@ -241,6 +241,30 @@ def test_short_run_writes_a_labelled_real_run_file(tmp_path):
     assert {types.field(n).type for n in ("loss", "grad_norm", "attn_kl")} == {pa.float32()}
 
 
+def test_a_run_records_the_line_group_and_reads_a_given_loss_closure(tmp_path):
+    """Data runs record the line group at its recorded period; ``loss_closure`` gives it
+    the loss to read (three calls a due step) instead of the probe batch's."""
+    from collapse_guard.probe.config import RECORDED_LINE_EVERY
+
+    config = RealRunConfig(steps=2 * RECORDED_LINE_EVERY + 1, warmup_steps=5, **TINY)
+    calls: list[int] = []
+
+    def counted(model):
+        batch = torch.randint(0, config.vocab_size, (2, config.seq_len + 1))
+
+        def loss():
+            calls.append(1)
+            return model(batch[:, :-1], batch[:, 1:])[1]
+
+        return loss
+
+    result = run_real(config, tmp_path / "r.parquet", "r", loss_closure=counted)
+    frame, _ = read_run(result.path)
+    due = frame["step"] % RECORDED_LINE_EVERY == 0
+    assert frame.loc[due, "line_edge"].notna().all() and frame.loc[~due, "line_edge"].isna().all()
+    assert len(calls) == 3 * int(due.sum()) == 9
+
+
 def test_lr_jump_gets_an_onset_near_the_jump_and_is_recorded_as_sudden(tmp_path):
     jump_at = 60
     config = RealRunConfig(

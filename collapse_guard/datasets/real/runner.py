@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,8 +132,15 @@ def collapse_cause(config: RealRunConfig, label, frame) -> str | None:
     return label.kind
 
 
-def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
-    """Train one run, record it with the probe, label it and write it to ``path``."""
+def run_real(
+    config: RealRunConfig, path: Path, run_id: str, *, loss_closure: Callable | None = None
+) -> RunResult:
+    """Train one run, record it with the probe, label it and write it to ``path``.
+
+    ``loss_closure(model)``, if given, returns the loss the probe's line and sharpness
+    groups read (``Probe(sharpness_closure=)``) instead of the probe batch's: the step's
+    training batch, for one (``benchmarks/line_pilot.py``).
+    """
     import torch
 
     from collapse_guard.probe import Probe, ProbeConfig
@@ -147,7 +155,8 @@ def run_real(config: RealRunConfig, path: Path, run_id: str) -> RunResult:
     tmp = temp_path(path)
     model, optimizer = build(config)
     recorded = ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY, line_every=RECORDED_LINE_EVERY)
-    probe = Probe(model, optimizer, recorded)
+    closure = loss_closure(model) if loss_closure is not None else None
+    probe = Probe(model, optimizer, recorded, sharpness_closure=closure)
     probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
     try:
         steps_run = train(config, model, optimizer, probe)
