@@ -29,7 +29,7 @@ The consecutive-batch estimate (``stability_margin``) carries the two batches' g
 noise; here the curvature comes from one batch at three points, and the first-order
 term from the gradient the step was made from, so ``b`` is exact. NaN where the step did
 not move (a skipped or overflowed step: ``b = 0``) and where no probe loss is at hand
-(a model whose output holds no loss: one warning; ``Probe(sharpness_closure=fn)`` gives
+(a model whose output holds no loss: one warning; ``Probe(loss_closure=fn)`` gives
 one).
 
 The group moves the parameters along ``u`` and puts them back from a copy, bit for bit:
@@ -138,7 +138,7 @@ class LineSearchGroup(SignalGroup):
             self._warned = True
             warnings.warn(
                 f"collapse-guard probe: {', '.join(self.keys)} are NaN: {why}. Set "
-                "probe.sharpness_closure to a function returning a scalar loss on a small "
+                "probe.loss_closure to a function returning a scalar loss on a small "
                 "batch. This warning is given once.",
                 RuntimeWarning,
                 stacklevel=4,

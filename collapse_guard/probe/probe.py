@@ -103,7 +103,10 @@ class Probe:
         probe_batch: the fixed probe batch (a tensor, a tuple of args or a dict of
             kwargs for ``model``); default: the first training forward's inputs, cut to
             ``config.probe_batch_size`` sequences of at most ``config.probe_seq_len``.
-        sharpness_closure: ``fn() -> scalar loss`` for the sharpness group.
+        loss_closure: ``fn() -> scalar loss`` for the groups that evaluate the loss
+            (sharpness, line); default: the probe batch through ``model``.
+        sharpness_closure: the old name of ``loss_closure`` (deprecated: it feeds the
+            line group too).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Probe:
         logits_module: nn.Module | str | None = None,
         attention_fn: Callable[[nn.Module], Sequence[Any]] | None = None,
         probe_batch: Any = None,
+        loss_closure: Callable[[], torch.Tensor] | None = None,
         sharpness_closure: Callable[[], torch.Tensor] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -138,7 +142,14 @@ class Probe:
             )
         self.model, self.optimizer, self.config, self.scaler = model, optimizer, config, scaler
         self.attention_fn = attention_fn
-        self.sharpness_closure = sharpness_closure
+        if sharpness_closure is not None:
+            _warn_renamed()
+            if loss_closure is not None:
+                raise TypeError(
+                    "Probe got both loss_closure and sharpness_closure (its old name); "
+                    "pass loss_closure alone"
+                )
+        self.loss_closure = loss_closure if loss_closure is not None else sharpness_closure
         self.step = 0  # index of the optimizer step being measured, from 0
         self.blocks = find_blocks(model)
         self.bottom_block = self._module(bottom_block, "bottom_block") or (
@@ -227,9 +238,20 @@ class Probe:
             if Event.AFTER_BACKWARD in group.events and self._due(group):
                 group.update(state)
 
-    def _loss_closure(self) -> Callable[[], torch.Tensor] | None:
-        if self.sharpness_closure is not None:
-            return self.sharpness_closure
+    @property
+    def sharpness_closure(self) -> Callable[[], torch.Tensor] | None:
+        """Deprecated name of :attr:`loss_closure`."""
+        _warn_renamed()
+        return self.loss_closure
+
+    @sharpness_closure.setter
+    def sharpness_closure(self, closure: Callable[[], torch.Tensor] | None) -> None:
+        _warn_renamed()
+        self.loss_closure = closure
+
+    def _closure(self) -> Callable[[], torch.Tensor] | None:
+        if self.loss_closure is not None:
+            return self.loss_closure
         batch = self.probe_batch
         if batch is None:
             return None
@@ -263,7 +285,7 @@ class Probe:
             Event.AFTER_STEP,
             logit_max=self._tap.take() if self._tap else None,
             probe_pass=probe_pass or ProbePass([], None),
-            loss_closure=self._loss_closure(),
+            loss_closure=self._closure(),
             lr=lr,
         )
         for group in due:
@@ -339,3 +361,12 @@ class Probe:
             self._batch = self.probe_batch
             self._capture.remove()
             self._capture = None
+
+
+def _warn_renamed() -> None:
+    warnings.warn(
+        "collapse-guard: Probe's sharpness_closure is now loss_closure (it feeds the "
+        "sharpness and line groups); the old name will go in a later release",
+        DeprecationWarning,
+        stacklevel=3,
+    )

@@ -10,8 +10,8 @@ key                meaning
                    direction beyond 2 (edge of stability, Cohen et al. 2021)
 =================  ==============================================================
 
-The loss comes from a closure: ``Probe(..., sharpness_closure=fn)`` (or
-``probe.sharpness_closure = fn``) where ``fn()`` returns a scalar loss on a small batch;
+The loss comes from a closure: ``Probe(..., loss_closure=fn)`` (or
+``probe.loss_closure = fn``) where ``fn()`` returns a scalar loss on a small batch;
 without one, the probe batch is run through the model and the loss is taken from its
 output (a scalar tensor, the first scalar of a tuple, ``.loss`` or ``["loss"]``). The
 probe runs this group in eval mode with the RNG forked; ``torch.autograd.grad`` never
@@ -81,7 +81,7 @@ class SharpnessGroup(SignalGroup):
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"collapse-guard: sharpness is NaN: {why}. Set probe.sharpness_closure to a "
+                f"collapse-guard: sharpness is NaN: {why}. Set probe.loss_closure to a "
                 "function returning a scalar loss on a small batch",
                 RuntimeWarning,
                 stacklevel=4,

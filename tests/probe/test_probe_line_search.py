@@ -36,7 +36,7 @@ class Valley(nn.Module):
 def _descend(lr: float, steps: int = 2) -> list[dict]:
     model = Valley([7.0, 1.0])
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    probe = Probe(model, optimizer, ProbeConfig(line_every=1), sharpness_closure=model)
+    probe = Probe(model, optimizer, ProbeConfig(line_every=1), loss_closure=model)
     return loss_steps(model, optimizer, probe, steps)
 
 
@@ -97,7 +97,7 @@ def test_a_model_without_a_loss_reads_nan_with_one_warning():
         records = loss_steps(lambda: model(torch.randn(4, 3)).square().mean(), optimizer, probe, 3)
     assert all(math.isnan(r[key]) for r in records for key in LINE_KEYS)
     ours = [w for w in caught if "line_edge" in str(w.message)]
-    assert len(ours) == 1 and "sharpness_closure" in str(ours[0].message)
+    assert len(ours) == 1 and "loss_closure" in str(ours[0].message)
 
 
 def test_the_group_is_off_by_default_and_no_model_reads_it():

@@ -28,7 +28,7 @@ def test_sharpness_of_a_quadratic_is_its_top_eigenvalue():
     model = Quadratic([7.0, 2.0, 1.0, 0.5, -0.25])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     config = ProbeConfig(sharpness_every=2, sharpness_iters=40)
-    probe = Probe(model, optimizer, config, sharpness_closure=model)
+    probe = Probe(model, optimizer, config, loss_closure=model)
     records = loss_steps(model, optimizer, probe, 3)
     assert records[0]["sharpness"] == pytest.approx(7.0, rel=1e-5)
     assert records[0]["sharpness_lr"] == pytest.approx(0.7, rel=1e-5)
@@ -48,10 +48,25 @@ def test_sharpness_without_a_loss_is_nan_with_one_warning():
     model = nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = Probe(model, optimizer, ProbeConfig(sharpness_every=1, sharpness_iters=2))
-    with pytest.warns(RuntimeWarning, match="sharpness_closure"):
+    with pytest.warns(RuntimeWarning, match="loss_closure"):
         for _ in range(2):
             loss = model(torch.randn(4, 3)).square().mean()
             loss.backward()
             probe.after_backward(loss)
             optimizer.step()
             assert math.isnan(probe.after_step()["sharpness"])
+
+
+def test_the_old_name_sharpness_closure_still_works_and_says_it_is_deprecated():
+    model = Quadratic([7.0, 2.0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = ProbeConfig(sharpness_every=1, sharpness_iters=40)
+    with pytest.warns(DeprecationWarning, match="now loss_closure"):
+        probe = Probe(model, optimizer, config, sharpness_closure=model)
+    assert probe.loss_closure is model
+    assert loss_steps(model, optimizer, probe, 1)[0]["sharpness"] == pytest.approx(7.0, rel=1e-5)
+    with pytest.warns(DeprecationWarning, match="now loss_closure"):
+        probe.sharpness_closure = None
+    assert probe.loss_closure is None
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="pass loss_closure"):
+        Probe(model, optimizer, config, loss_closure=model, sharpness_closure=model)

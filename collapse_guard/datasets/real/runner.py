@@ -138,7 +138,7 @@ def run_real(
     """Train one run, record it with the probe, label it and write it to ``path``.
 
     ``loss_closure(model)``, if given, returns the loss the probe's line and sharpness
-    groups read (``Probe(sharpness_closure=)``) instead of the probe batch's: the step's
+    groups read (``Probe(loss_closure=)``) instead of the probe batch's: the step's
     training batch, for one (``benchmarks/line_pilot.py``).
     """
     import torch
@@ -156,7 +156,7 @@ def run_real(
     model, optimizer = build(config)
     recorded = ProbeConfig(optimizer_every=RECORDED_OPTIMIZER_EVERY, line_every=RECORDED_LINE_EVERY)
     closure = loss_closure(model) if loss_closure is not None else None
-    probe = Probe(model, optimizer, recorded, sharpness_closure=closure)
+    probe = Probe(model, optimizer, recorded, loss_closure=closure)
     probe.record_to(tmp, RunMeta(run_id=run_id, source="real", config=config.to_dict()))
     try:
         steps_run = train(config, model, optimizer, probe)
