@@ -17,6 +17,7 @@ from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.state import RunState, Trajectory
+from collapse_guard.guard.warn_hold import WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
 __all__ = [
@@ -43,6 +44,7 @@ def gather_facts(
     stale: str = "",
     amp_overflow: bool = False,
     lr_jump: bool = False,
+    held: bool = False,
 ) -> StepFacts:
     """Step ``run.step_index``'s facts, before the update."""
     s = run.step_index
@@ -69,6 +71,7 @@ def gather_facts(
         data_fault=run.data_fault,
         clean_steps=run.clean_steps,
         stale_gradients=stale,
+        held=held,
     )
 
 
@@ -143,8 +146,8 @@ class Decider:
     holds the action ``force_next`` asked for until the next step it decides. The online
     label's step is taken here (it reads this very loss); nothing else changes."""
 
-    def __init__(self, setup: GuardSetup) -> None:
-        self.setup = setup
+    def __init__(self, setup: GuardSetup, hold: WarnHold) -> None:
+        self.setup, self.hold = setup, hold  # the applier's hold: read, never moved here
         self.forced: str | None = None  # the next step's action (``force_next``)
 
     def force(self, action: str) -> None:
@@ -170,7 +173,7 @@ class Decider:
         overflow = amp_overflow(setup.training.scaler, setup.training.optimizer)
         facts = gather_facts(
             run, trajectory, loss, grad_norm, outliers=tuple(outliers), stale=stale,
-            amp_overflow=overflow, lr_jump=lr_jumped(run.loop_lrs, policy),
+            amp_overflow=overflow, lr_jump=lr_jumped(run.loop_lrs, policy), held=self.hold.on,
         )  # fmt: skip
         action, self.forced = self.forced, None
         decision = forced(decide(facts, policy), action)

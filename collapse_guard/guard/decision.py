@@ -10,8 +10,10 @@ The order of the rules is the order of their urgency::
     stale     no gradients of this step (no backward(), or guard.step twice for one)
               -> no update: applying old gradients again trains twice on one batch
     give up   rescues spent and a rescue due      -> GuardGaveUp (no silent loop)
-    rescue    online collapse (not in data-fault mode) | non-finite loss |
-              max_skip_streak non-finite-gradient skips in a row | max_outlier_skips
+    rescue    online collapse (not in data-fault mode) | max_skip_streak non-finite
+              losses or gradients in a row (one alone is skipped, as a GradScaler skips
+              an overflow: fp16 without a scaler overflows on single batches, and a
+              rollback cannot stop that, issue 32) | max_outlier_skips
               z-score skips in a row within lr_jump_steps of an LR jump (a step change
               of the loop's LR, not a smooth rise: reactive.lr_jumped) -> no update,
               roll back to the ring's average, skip batches, cap the LR (a cap that
@@ -25,7 +27,7 @@ The order of the rules is the order of their urgency::
               outlier batches are skipped without limit and the online collapse does not
               rescue (rolling back cannot fix data) until data_clear_steps clean batches
               in a row
-    skip      non-finite gradient, loss / grad-norm z over outlier_z (critical_outlier_z
+    skip      non-finite loss or gradient, loss / grad-norm z over outlier_z (critical_outlier_z
               at `critical`) -> no update this step; after max_outlier_skips z-score
               skips in a row the next outlier is applied (clipped): it is the data now
               (outside data-fault mode)
@@ -35,14 +37,15 @@ The order of the rules is the order of their urgency::
               as OK); at warn the LR is held (``warn_action="hold"``, the default:
               the applier's WarnHold, warn_hold.py), or scaled (``"scale"``)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
-              or above when none is recent
+              or above, or while the warn's hold is on, when none is recent
 
 The events a step can carry (the run file's ``event`` column, ``;``-joined):
 
 ==========================  ==========================================================
 event                       meaning
 ==========================  ==========================================================
-``skip:<reason>``           update not applied (``nonfinite_grad``, ``loss_z=7.1``,
+``skip:<reason>``           update not applied (``nonfinite_loss``, ``nonfinite_grad``,
+                            ``loss_z=7.1``,
                             ``no_gradients``, ``same_gradients``, ``zero_gradients``,
                             ``after_rescue``: a deferred step's rescue rolled back after
                             this backward, ...)
@@ -54,7 +57,8 @@ event                       meaning
 ``lr_hold:off``             the hold, released as the risk fell, reached the loop's LR
 ``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
 ``checkpoint``              a healthy checkpoint written into the ring
-``rescue:<reason>``         a rescue (``nonfinite_loss``, ``online_collapse``, ...)
+``rescue:<reason>``         a rescue (``nonfinite_loss``: max_skip_streak in a row,
+                            ``online_collapse``, ...)
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
@@ -115,6 +119,7 @@ class StepFacts:
     data_fault: bool = False  # in data-fault mode before this step
     clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
     stale_gradients: str = ""  # why the gradients are not this step's ("": they are)
+    held: bool = False  # the warn's hold is on (warn_hold.py), released part of the way or not
 
     def __post_init__(self) -> None:
         if self.level in RISK_LEVELS:  # a level's name (a test, a replay): its Level
@@ -179,23 +184,28 @@ def next_lr_multiplier(current: float, level: Level, policy: GuardPolicy) -> flo
     return min(target, current * rate)
 
 
+_NONFINITE_SKIPS = ("nonfinite_loss", "nonfinite_grad")
+
+
 def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
-    if not math.isfinite(facts.loss):
+    skip, streak = _skip_reason(facts, policy), facts.skip_streak + 1
+    if streak >= policy.max_skip_streak and skip == "nonfinite_loss":
         return "nonfinite_loss"
     if facts.collapse_online and not facts.data_fault:
         return "online_collapse"
-    skip, streak = _skip_reason(facts, policy), facts.skip_streak + 1
     if streak >= policy.max_skip_streak and skip == "nonfinite_grad":
         return f"skip_streak={streak}"
     if facts.after_rollback and facts.averaged_rollback and skip.startswith("loss_z"):
         return f"average_worse:{skip}"  # the mean of the ring is off the basin: the newest alone
-    outliers = skip and skip != "nonfinite_grad"
+    outliers = skip and skip not in _NONFINITE_SKIPS
     if outliers and facts.lr_jump and accepts_outliers(facts.skip_streak, facts.data_fault, policy):
         return f"lr_jump:{skip}"  # the outliers follow the LR's jump: the model broke
     return ""
 
 
 def _skip_reason(facts: StepFacts, policy: GuardPolicy) -> str:
+    if not math.isfinite(facts.loss):
+        return "nonfinite_loss"
     if not facts.grad_finite and not facts.amp_overflow:
         return "nonfinite_grad"
     z = outlier_z(facts.level, policy)
@@ -247,7 +257,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     skip = _skip_reason(facts, policy)
     data_fault = _data_fault(facts, policy, skip, events)
     accept = accepts_outliers(facts.skip_streak, data_fault, policy)
-    if skip and skip != "nonfinite_grad" and accept:
+    if skip and skip not in _NONFINITE_SKIPS and accept:
         events.append(f"accept:{skip}")  # the outlier persists: it is the data now
         skip = ""
     if skip:
@@ -264,7 +274,11 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         events.append(f"clip_layers:{len(layers)}")
     healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != CRITICAL
     due = policy.checkpoint_every and facts.since_checkpoint >= policy.checkpoint_every
-    watchful = facts.level > OK and facts.since_checkpoint >= policy.watch_checkpoint_gap
+    # a held run was warned: its risk falls as the hold stops the LR's rise (the model reads
+    # the rise), not because the collapse went away; keep the watch's cadence until it is off
+    watchful = (
+        facts.level > OK or facts.held
+    ) and facts.since_checkpoint >= policy.watch_checkpoint_gap
     checkpoint = bool(healthy and (due or watchful))
     if checkpoint:
         events.append("checkpoint")

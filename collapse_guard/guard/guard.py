@@ -134,7 +134,8 @@ class Guard:
             trackers=trackers,
         )  # fmt: skip
         self.training, self._sync = self.setup.training, self.setup.sync
-        self._decide, self._apply = Decider(self.setup), Applier(self.setup)
+        self._apply = Applier(self.setup)
+        self._decide = Decider(self.setup, self._apply.hold)
         self._holds = {"risk_hold": self.setup.hold, "lr_hold": self._apply.hold}  # kept
         self._rescue, self._marks = Rescuer(self.setup), check.GradientMarks()
         self.run, self._closed = RunState.fresh(self.policy), False

@@ -120,7 +120,7 @@ class GuardPolicy:
     # margin before the guard calls it a collapse online. The label waits for its recovery
     # window (3,000 steps); a live run cannot. 30 steps = 3 EWMA time constants of the
     # label's smoothing: a single spike of 1-1.3 nats moves the EWMA by 0.12 and is gone
-    max_skip_streak: int = 3  # non-finite-gradient skips in a row that trigger a rescue
+    max_skip_streak: int = 3  # non-finite losses or gradients in a row that trigger a rescue
     max_outlier_skips: int = 2  # z-score skips in a row; the next outlier is applied
     # (clipped): a shift that lasts is data, not an accident. The demo's byte-level data at
     # batch 8 has runs of 2-3 batches of unusual content (loss 8-10 nats against ~3) that

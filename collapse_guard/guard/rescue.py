@@ -83,6 +83,17 @@ def _caps(
     return events
 
 
+def _overflow_text(step: int, rescues: int) -> str:
+    return (
+        f"collapse-guard: the loss went non-finite again at step {step}, after {rescues} "
+        "rescue(s) rolled back to finite weights and capped the LR: the forward itself "
+        "likely overflows (fp16 activations over 65,504 grow with the weights, and a lower "
+        "LR does not shrink them). Train in bf16, or keep activations in range (weight "
+        "decay, QK-norm, a smaller init); a GradScaler guards the gradients, not the forward "
+        "(said once)"
+    )
+
+
 class Rescuer:
     """Rescues one model's training from its ring (module docstring)."""
 
@@ -122,6 +133,8 @@ class Rescuer:
             trajectory = trajectory.restarted(policy)
             events.append("rollback:none")
         run.after_rollback = True
+        if decision.reason == "nonfinite_loss" and run.rescues:
+            setup.once.warn("nonfinite_again", _overflow_text(s, run.rescues), stacklevel=4)
         run.rescues += 1
         run.skip_streak = run.quiet_steps = 0
         if decision.reason.startswith("average_worse"):  # a correction of the last rescue:

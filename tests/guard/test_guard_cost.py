@@ -163,19 +163,20 @@ def test_deferred_facts_give_the_same_run_as_facts_read_at_once(tmp_path):
     _same_run(*runs)  # bit for bit: parameters, events, every row of the run file
 
 
-def test_a_deferred_nonfinite_loss_is_rescued_a_step_later(tmp_path):
-    def nan_at_25(step, loss):
-        return loss * math.nan if step == 25 else loss
+def test_deferred_nonfinite_losses_are_skipped_then_rescued_a_step_later(tmp_path):
+    def nan_from_25(step, loss):
+        return loss * math.nan if 25 <= step <= 27 else loss
 
-    guard = _fused_run(tmp_path, "deferred", 30, poison=nan_at_25)
+    guard = _fused_run(tmp_path, "deferred", 32, poison=nan_from_25)
     guard.close()
-    at = {step: [e for s, e in guard.events if s == step] for step in (24, 25, 26, 27)}
-    # booked at its own step (the rescue's events), acted on as step 26 begins: the
-    # backward of step 26 ran at the weights the rollback replaced, so it trains nothing
-    assert at[24] == [] and at[25][0] == "rescue:nonfinite_loss"
-    assert at[25][2].startswith("rollback:") and at[26] == ["skip:after_rescue"]
-    assert at[27] == [] and guard.skipped == 1
-    assert guard.rescues == 1 and guard.step_index == 30
+    at = {step: [e for s, e in guard.events if s == step] for step in range(24, 30)}
+    # a non-finite loss is read at its own step: skipped, the third in a row rescued
+    assert at[24] == [] and at[25] == at[26] == ["skip:nonfinite_loss"]
+    # booked at its own step (the rescue's events), acted on as step 28 begins: the
+    # backward of step 28 ran at the weights the rollback replaced, so it trains nothing
+    assert at[27][0] == "rescue:nonfinite_loss" and at[27][2].startswith("rollback:")
+    assert at[28] == ["skip:after_rescue"] and at[29] == [] and guard.skipped == 3
+    assert guard.rescues == 1 and guard.step_index == 32
     with pytest.raises(ValueError, match="fused=True"):
         Guard(*tiny_model(), tmp_path / "x", risk="off", sync="deferred", record=False)
 

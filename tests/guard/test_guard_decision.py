@@ -46,7 +46,7 @@ def test_a_z_of_3_5_is_not_an_outlier_below_critical_nor_an_amp_overflow():
 @pytest.mark.parametrize(
     ("kw", "reason"),
     [
-        ({"loss": math.nan}, "nonfinite_loss"),
+        ({"skip_streak": 2, "loss": math.nan}, "nonfinite_loss"),  # third non-finite
         ({"collapse_online": True}, "online_collapse"),
         ({"skip_streak": 2, "grad_finite": False}, "skip_streak=3"),  # third non-finite
     ],
@@ -56,8 +56,20 @@ def test_rescues(kw, reason):
     assert d.rescue and d.skipped and d.reason == reason and not d.give_up
 
 
+def test_one_nonfinite_loss_is_skipped_as_a_grad_scaler_skips_an_overflow():
+    # fp16 without a scaler overflows on single batches; a rollback cannot stop that
+    for streak in range(POLICY.max_skip_streak - 1):
+        d = decide(facts(loss=math.nan, grad_finite=False, skip_streak=streak), POLICY)
+        assert d.skipped and not d.rescue and d.events == ("skip:nonfinite_loss",)
+    # never accepted as data, however long the streak of outliers before it was
+    patient = GuardPolicy(max_skip_streak=POLICY.max_outlier_skips + 2)
+    d = decide(facts(loss=math.nan, skip_streak=POLICY.max_outlier_skips), patient)
+    assert d.skipped and not d.rescue and d.events == ("skip:nonfinite_loss",)
+
+
 def test_a_rescue_past_the_cap_gives_up():
-    d = decide(facts(loss=math.nan, rescues=POLICY.max_rescues), POLICY)
+    streak = POLICY.max_skip_streak - 1
+    d = decide(facts(loss=math.nan, skip_streak=streak, rescues=POLICY.max_rescues), POLICY)
     assert d.give_up and not d.rescue and d.events == ("give_up:nonfinite_loss",)
 
 
@@ -88,6 +100,8 @@ def test_checkpoints_when_due_or_at_watch_and_only_when_healthy():
     assert decide(facts(since_checkpoint=100), POLICY).checkpoint
     assert not decide(facts(since_checkpoint=99), POLICY).checkpoint
     assert decide(facts(since_checkpoint=20, level="watch"), POLICY).checkpoint
+    assert decide(facts(since_checkpoint=20, held=True), POLICY).checkpoint  # at ok, held
+    assert not decide(facts(since_checkpoint=19, held=True), POLICY).checkpoint
     assert not decide(facts(since_checkpoint=500, quiet_steps=9), POLICY).checkpoint
     assert not decide(facts(since_checkpoint=500, level="critical"), POLICY).checkpoint
 
@@ -124,7 +138,8 @@ def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limi
         facts(data_fault=True, skip_streak=40, loss_z=12.0, collapse_online=True), POLICY
     )
     assert later.skipped and not later.rescue and later.data_fault
-    assert decide(facts(data_fault=True, loss=math.nan), POLICY).rescue  # non-finite still does
+    nonfinite = facts(data_fault=True, loss=math.nan, skip_streak=POLICY.max_skip_streak - 1)
+    assert decide(nonfinite, POLICY).rescue  # non-finite losses in a row still do
     # the mode ends after data_clear_steps clean batches in a row
     steps = POLICY.data_clear_steps
     assert decide(facts(data_fault=True, clean_steps=steps - 2), POLICY).data_fault

@@ -42,7 +42,7 @@ def test_rescue_mode_clips_only_from_the_first_rescue_on(tmp_path):
     loop = Loop(seed=0)
     # tau 0.01: the tiny GPT's heads are over it from the first step ("always" clips
     # after steps 1 and 11: test_qk_clip.py), so every probe pass after the rescue plans
-    config = {"qk_clip": "rescue", "qk_clip_tau": 0.01}
+    config = {"qk_clip": "rescue", "qk_clip_tau": 0.01, "max_skip_streak": 1}
     guard = Guard(model, optimizer, tmp_path, risk="off", policy=config, preflight=False)
     for step in range(33):
         loss = loop.loss(model)

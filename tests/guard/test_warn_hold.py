@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from guard_helpers import Loop, tiny_model
@@ -54,6 +55,24 @@ def test_warn_holds_the_lr_while_the_schedule_rises_and_releases_it_after(tmp_pa
     events = [e for _, e in guard.events if e.startswith("lr_hold")]
     assert events == [f"lr_hold:{held:.3g}", "lr_hold:off"]
     assert guard.summary()["lr_holds"] == 1 and guard.summary()["lr_hold"] == math.inf
+
+
+def test_a_held_run_keeps_the_watch_cadence_of_checkpoints_after_the_risk_falls(
+    tmp_path, fixed_risk
+):
+    # the risk falls because the hold stopped the LR's rise, not because the collapse went
+    # away: a rollback from a rescue must not reach back past the hold (issue 32)
+    levels, cadence = {8: "warn", 18: "ok"}, {"checkpoint_every": 1000, "watch_checkpoint_gap": 5}
+    runs = {
+        name: _ramp(tmp_path / name, fixed_risk, levels, 50, lr_restore_steps=restore, **cadence)[2]
+        for name, restore in (("held", 1000), ("released", 1))
+    }
+    late = {
+        name: [s for s, e in g.events if e == "checkpoint" and s >= 25] for name, g in runs.items()
+    }
+    assert runs["held"].summary()["lr_hold"] < math.inf  # held to the end, the risk at ok
+    assert len(late["held"]) >= 4 and set(np.diff(late["held"])) == {5}
+    assert runs["released"].summary()["lr_hold"] == math.inf and late["released"] == []
 
 
 @pytest.mark.parametrize("release", ["watch", "warn"])
@@ -109,7 +128,7 @@ def test_reactive_only_leaves_lr_and_clip_alone_and_still_rescues(tmp_path, fixe
     loop_lrs, in_force, _ = _ramp(tmp_path, fixed_risk, {3: "critical"}, 12, forecast_actions=False)
     assert in_force == pytest.approx(loop_lrs)  # critical from step 5: no cut
     model, opt = tiny_model()
-    policy = GuardPolicy(risk_every=1, forecast_actions=False)
+    policy = GuardPolicy(risk_every=1, forecast_actions=False, max_skip_streak=1)
     guard = Guard(model, opt, tmp_path / "r", risk=fixed_risk("critical"), policy=policy)
     loop = Loop()
     for _ in range(12):
