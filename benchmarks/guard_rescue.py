@@ -86,6 +86,9 @@ arm                   what
 ``hold_watch``        ``guarded`` whose hold at warn lifts only once the risk is under
                       watch (``hold_release="watch"``: an alarm's hysteresis), not under
                       warn
+``warn_fall``         ``guarded`` whose hold, met by a precursor of the loss, caps the
+                      LR at a quarter of the held LR for good, without a rollback
+                      (``warn_fall=0.25``)
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -161,12 +164,13 @@ GUARD_POLICIES = {
     "warn_quarter": {"warn_action": "scale", "warn_lr": 0.25},
     "warn_quarter_slow": {"warn_action": "scale", "warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z6": {"outlier_z": 6.0},
+    "warn_fall": {"warn_fall": 0.25},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
-ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch")
+ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn

@@ -62,7 +62,8 @@ event                       meaning
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
-``lr_ceiling:<lr>``          the LR in force is capped at ``lr`` from now on (rescue)
+``lr_ceiling:<lr>``          the LR in force is capped at ``lr`` from now on (rescue; or
+                            the forecast's fall, ``GuardPolicy.warn_fall``: rescue.py)
 ``lr_lift:<lr>``            the cap rose to ``lr`` after a healthy stretch
 ``lr_ceiling:off``          the cap rose over the loop's LR: gone
 ``lr_fall:<lr>@<edge>``     a warn or a precursor: the cap fell to ``lr``; ``edge``, the LR

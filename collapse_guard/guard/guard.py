@@ -296,7 +296,9 @@ class Guard:
         # the step's norms join the history now: the decision and the clipping judged them
         # against the steps before; the forensics of a rescue include them
         self.history.add(s, norms)
-        events = [*decision.events, *clipped, *self._rescue.lift(decision, run, self.trajectory)]
+        hold, trajectory = self._apply.hold, self.trajectory
+        events = [*decision.events, *clipped, *self._rescue.lift(decision, run, trajectory)]
+        events += self._rescue.fall(decision, run, trajectory, hold)
         run.qk_clips += sum(e.startswith("qk_clip:") for e in clipped)  # less the hold's
         tally(decision, record, run, self.trajectory)
         if decision.rescue:

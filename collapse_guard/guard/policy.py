@@ -162,6 +162,14 @@ class GuardPolicy:
     # of a warn or of a precursor (an open loss excursion: the online-collapse rule's; or
     # lr_lift_loss_rise), and that LR is remembered as the edge (never below the rescue's
     # own cap)
+    warn_fall: float = 0.0  # the forecast's fall (rescue.warn_fall): while the warn's hold
+    # is on, a precursor of the loss (rescue.precursor) caps the LR at this x the hold's
+    # ceiling, as a rescue's cap without its rollback; 0 = off. Off by default: at 0.25, on
+    # the 8 configurations of the rescue benchmark that warned (2026-12-06, Xeon) no rescue
+    # was left to do (0 steps lost against 326, and 302 for the reactive path), final -0.029
+    # nats median where both saved, the demo 2.545 with no rescue (2.596 with one); but 36
+    # ended over its bigram (best 2.416 against 2.413), and the whole benchmark, the ramps
+    # and the README's demo were not redone with it (benchmarks/README.md, "Guard rescue")
     lr_edge_share: float = 0.7  # the cap rises no higher than this x the edge: the LR in
     # force when the run last fell back (a fall, or a second rescue: the LR it came at)
     lr_lift_loss_rise: float = 0.1  # nats of the smoothed loss (the label's EWMA) over its
@@ -207,6 +215,10 @@ class GuardPolicy:
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"GuardPolicy.{f.name} must be finite and >= 0, got {value!r}")
         multipliers = ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr", "lr_fall")
+        if self.warn_fall > 1:
+            raise ValueError(
+                f"GuardPolicy.warn_fall is an LR factor in (0, 1] (0: off), got {self.warn_fall!r}"
+            )
         for name in (*multipliers, "lr_edge_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(

@@ -39,9 +39,10 @@ from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.state import RunState, Training, Trajectory
+from collapse_guard.guard.warn_hold import WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
-__all__ = ["GuardGaveUp", "Rescuer", "gave_up", "lift_cap", "precursor"]
+__all__ = ["GuardGaveUp", "Rescuer", "gave_up", "lift_cap", "precursor", "warn_fall"]
 
 
 class GuardGaveUp(RuntimeError):
@@ -141,6 +142,20 @@ class Rescuer:
             return events, trajectory  # its LR cap and batch skips stand, none added
         return events + _caps(decision, run, (healthy_lr, broke_at), blown, policy), trajectory
 
+    def fall(
+        self, decision: GuardDecision, run: RunState, trajectory: Trajectory, hold: WarnHold
+    ) -> list[str]:
+        """The forecast's fall after step ``run.step_index`` (:func:`warn_fall`)."""
+        policy = self.setup.policy
+        if not policy.warn_fall or not hold.on or decision.rescue:
+            return []  # nothing to fall from (the precursor's pass is not free)
+        seen = ddp.share(
+            precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
+            if self.setup.rank == 0
+            else None
+        )
+        return warn_fall(run, seen, hold.ceiling, policy)
+
     def lift(self, decision: GuardDecision, run: RunState, trajectory: Trajectory) -> list[str]:
         """The cap's rise or fall after step ``run.step_index`` (:func:`lift_cap`)."""
         policy, optimizer = self.setup.policy, self.setup.training.optimizer
@@ -175,6 +190,19 @@ def precursor(online: OnlineLabel, history: OutlierHistory, step: int, policy: G
         policy.lr_lift_loss_z * batch * math.sqrt(online.alpha / (2 - online.alpha)),
     )
     return online.smoothed - online.best > margin  # NaN or -inf before there is a best
+
+
+def warn_fall(run: RunState, loss_warns: bool, held_at: float, policy: GuardPolicy) -> list[str]:
+    """While the warn's hold is on (at ``held_at``), a :func:`precursor` (``loss_warns``)
+    caps the LR at ``policy.warn_fall`` x ``held_at``: the hold stopped the rise, the loss
+    rises still, so the run cannot absorb the LR it holds. A rescue's cap, kept for good,
+    without the rollback: nothing is undone. Returns ``lr_ceiling:<lr>`` when the cap fell."""
+    cap = policy.warn_fall * held_at
+    if not loss_warns or cap >= run.lr_ceiling:
+        return []
+    run.lr_ceiling = run.lr_floor = cap
+    run.lift_quiet, run.lift_troubled = 0, False
+    return [f"lr_ceiling:{cap:.3g}"]
 
 
 def lift_cap(

@@ -75,6 +75,37 @@ def test_a_held_run_keeps_the_watch_cadence_of_checkpoints_after_the_risk_falls(
     assert runs["released"].summary()["lr_hold"] == math.inf and late["released"] == []
 
 
+@pytest.mark.parametrize("warn_fall", [0.25, 0.0])
+def test_a_loss_that_rises_under_the_hold_caps_the_lr_for_good_when_asked(
+    tmp_path, fixed_risk, warn_fall
+):
+    # the hold stopped the rise and the loss rises still: the run cannot absorb the LR it
+    # holds. warn_fall caps it as a rescue would, with nothing rolled back
+    model, opt = tiny_model()
+    risk = fixed_risk("ok")
+    quiet = {"outlier_z": 1e9, "critical_outlier_z": 1e9}  # the rise is no outlier skip
+    policy = {"risk_every": 1, "warn_fall": warn_fall, **quiet}
+    guard, loop, in_force = Guard(model, opt, tmp_path, risk=risk, policy=policy), Loop(), []
+    for step in range(90):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * RISE**step
+        lifted = 1.0 if step >= 70 else 0.0  # a nat over the loss from step 70, held since 10
+        assert guard.step(loop.loss(model) + lifted).apply_update
+        in_force.append(guard.lr_in_force)
+        opt.zero_grad()
+        risk.fixed = "warn" if step == 8 else risk.fixed
+    guard.close()
+    held = 1e-3 * RISE**10
+    caps = [(s, e) for s, e in guard.events if e.startswith("lr_ceiling:")]
+    if not warn_fall:
+        assert caps == [] and in_force[-1] == pytest.approx(held)
+        return
+    ((at, event),) = caps  # once: the cap does not fall again on the same precursor
+    assert 70 <= at < 80 and event == f"lr_ceiling:{warn_fall * held:.3g}"
+    assert in_force[at + 1 :] == pytest.approx([warn_fall * held] * (89 - at))
+    assert guard.rescues == 0 and guard.skipped == 0  # nothing undone
+
+
 @pytest.mark.parametrize("release", ["watch", "warn"])
 def test_a_risk_between_watch_and_warn_keeps_the_hold_unless_told(tmp_path, fixed_risk, release):
     levels = {8: "warn", 18: "watch", 28: "ok"}  # warn 10-19, watch 20-29, ok from 30
@@ -156,3 +187,7 @@ def test_the_forecast_knobs_reject_bad_values():
         GuardPolicy(hold_release="ok")
     with pytest.raises(TypeError, match="forecast_actions must be True or False"):
         GuardPolicy(forecast_actions=1)
+    with pytest.raises(ValueError, match=r"warn_fall is an LR factor in \(0, 1\] \(0: off\)"):
+        GuardPolicy(warn_fall=1.5)
+    with pytest.raises(ValueError, match="warn_fall must be finite and >= 0"):
+        GuardPolicy(warn_fall=-0.25)
