@@ -71,8 +71,7 @@ def _caps(
     if math.isfinite(healthy_lr):
         developed = decision.reason == "online_collapse"
         factor = p.developed_rescue_lr if developed else p.rescue_lr
-        run.lr_ceiling = run.lr_floor = factor * min(run.lr_ceiling, healthy_lr)
-        run.lift_quiet, run.lift_troubled = 0, False
+        _set_cap(run, factor * min(run.lr_ceiling, healthy_lr))
     if run.rescues > 1 and math.isfinite(broke_at):
         run.lr_edge = broke_at
     run.pending_skips += p.skip_batches
@@ -149,25 +148,25 @@ class Rescuer:
         policy = self.setup.policy
         if not policy.warn_fall or not hold.on or decision.rescue:
             return []  # nothing to fall from (the precursor's pass is not free)
-        seen = ddp.share(
-            precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
-            if self.setup.rank == 0
-            else None
-        )
-        return warn_fall(run, seen, hold.ceiling, policy)
+        return warn_fall(run, self._precursor(run, trajectory), hold.ceiling, policy)
 
     def lift(self, decision: GuardDecision, run: RunState, trajectory: Trajectory) -> list[str]:
         """The cap's rise or fall after step ``run.step_index`` (:func:`lift_cap`)."""
         policy, optimizer = self.setup.policy, self.setup.training.optimizer
         if not math.isfinite(run.lr_ceiling) or not policy.lr_lift_steps:
             return []  # no cap to move (the precursor's pass over the losses is not free)
-        seen = ddp.share(  # rank 0's online label is the one that decides: ranks keep one cap
-            precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
+        seen = self._precursor(run, trajectory)
+        loop_lr = run.loop_lrs[-1] if run.loop_lrs else optimizer.param_groups[0]["lr"]
+        return lift_cap(decision, run, seen, (loop_lr, trajectory.lr_in_force), policy)
+
+    def _precursor(self, run: RunState, trajectory: Trajectory) -> bool:
+        """:func:`precursor` at step ``run.step_index``, rank 0's: its online label is the
+        one that decides, so every rank keeps one cap."""
+        return ddp.share(
+            precursor(trajectory.online, trajectory.loss_history, run.step_index, self.setup.policy)
             if self.setup.rank == 0
             else None
         )
-        loop_lr = run.loop_lrs[-1] if run.loop_lrs else optimizer.param_groups[0]["lr"]
-        return lift_cap(decision, run, seen, (loop_lr, trajectory.lr_in_force), policy)
 
 
 def precursor(online: OnlineLabel, history: OutlierHistory, step: int, policy: GuardPolicy) -> bool:
@@ -200,9 +199,14 @@ def warn_fall(run: RunState, loss_warns: bool, held_at: float, policy: GuardPoli
     cap = policy.warn_fall * held_at
     if not loss_warns or cap >= run.lr_ceiling:
         return []
+    _set_cap(run, cap)
+    return [f"lr_ceiling:{cap:.3g}"]
+
+
+def _set_cap(run: RunState, cap: float) -> None:
+    """A new cap for good, its own floor (a lift never goes under it); the lift starts over."""
     run.lr_ceiling = run.lr_floor = cap
     run.lift_quiet, run.lift_troubled = 0, False
-    return [f"lr_ceiling:{cap:.3g}"]
 
 
 def lift_cap(
