@@ -89,6 +89,9 @@ arm                   what
 ``warn_fall``         ``guarded`` whose hold, met by a precursor of the loss, caps the
                       LR at a quarter of the held LR for good, without a rollback
                       (``warn_fall=0.25``)
+``cap_still``         ``guarded`` with the rescue's cap of before 2026-12-06: it stands
+                      still as the loop's LR decays, and 0.5x after an LR jump
+                      (``cap_follows_schedule=False``, ``jump_rescue_lr=0.5``)
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -165,16 +168,17 @@ GUARD_POLICIES = {
     "warn_quarter_slow": {"warn_action": "scale", "warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z6": {"outlier_z": 6.0},
     "warn_fall": {"warn_fall": 0.25},
+    "cap_still": {"cap_follows_schedule": False, "jump_rescue_lr": 0.5},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
-ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall")
+ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall", "cap_still")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
-CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow")
+CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow", "cap_still")
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
 FORECAST_ARMS += ("hold_watch",)
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's

@@ -207,7 +207,7 @@ class DeferredSync:
         if decision.clip_to > 0:  # the host's global clipping, on the device, same float ops
             coef = clip_coefficient(decision.clip_to, total)  # 1 exactly when under the clip
             torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], coef)
-        saved, applied_lr = lr_for_step(optimizer, decision.lr_multiplier, run.lr_ceiling)
+        saved, applied_lr = lr_for_step(optimizer, decision.lr_multiplier, run.lr_cap())
         gated_step(optimizer, skip)
         restore_lr(optimizer, saved)  # no warm-up check: it counts applied steps (take)
         values: dict[tuple[str, str], Any] = {

@@ -218,7 +218,7 @@ class Guard:
             else None
         )
         self._take(decision)
-        bounds, ceiling = run.layer_bounds, run.lr_ceiling
+        bounds, ceiling = run.layer_bounds, run.lr_cap()
         record, clipped, lrs = self._apply(
             decision, grad_norm, norms, qk_plan, layer_bounds=bounds, lr_ceiling=ceiling
         )

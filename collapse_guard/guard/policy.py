@@ -30,7 +30,7 @@ QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 WARN_ACTIONS: tuple[str, ...] = ("scale", "hold")
 HOLD_RELEASES: tuple[str, ...] = ("watch", "warn")
 _CHOICES = {"qk_clip": QK_CLIP_MODES, "warn_action": WARN_ACTIONS, "hold_release": HOLD_RELEASES}
-_SWITCHES = ("forecast_actions",)  # the fields of a bool
+_SWITCHES = ("forecast_actions", "cap_follows_schedule")  # the fields of a bool
 
 
 @dataclass
@@ -99,6 +99,14 @@ class GuardPolicy:
     # rise for 30+ steps at the LRs that led there, so the checkpoint's LR was already on
     # the way); a rescue of a non-finite loss or of outliers after an LR jump keeps
     # rescue_lr (the checkpoint's LR, before the fault, was sound)
+    jump_rescue_lr: float = 1.0  # the cap's factor instead when the rescue is of outliers
+    # after a jump of the loop's LR (``lr_jump``): the checkpoint predates the jump, its LR
+    # is the schedule's, and the cap follows the schedule down from there (below)
+    cap_follows_schedule: bool = True  # a cap set at the loop's LR l falls with it: the LR
+    # in force is at most cap x min(1, loop LR / l). Under a cap that stood still (the rule
+    # until 2026-12-06) the loop's decay (a cosine, a jumped LR x its cosine) went unfelt
+    # and the run missed its anneal: unseen sudden collapses ended 0.128 nats over the
+    # safe-LR run, 0.051 with both. A rise of the loop's LR stays capped
 
     # --- checkpoints ---
     checkpoint_every: int = 100  # healthy steps between ring checkpoints (0 = only at
@@ -214,7 +222,8 @@ class GuardPolicy:
                 raise TypeError(f"GuardPolicy.{f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"GuardPolicy.{f.name} must be finite and >= 0, got {value!r}")
-        multipliers = ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr", "lr_fall")
+        multipliers = ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr", "jump_rescue_lr")
+        multipliers += ("lr_fall",)
         if self.warn_fall > 1:
             raise ValueError(
                 f"GuardPolicy.warn_fall is an LR factor in (0, 1] (0: off), got {self.warn_fall!r}"

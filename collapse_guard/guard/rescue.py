@@ -69,9 +69,8 @@ def _caps(
     rescue on, the edge)."""
     p, (healthy_lr, broke_at) = policy, lrs
     if math.isfinite(healthy_lr):
-        developed = decision.reason == "online_collapse"
-        factor = p.developed_rescue_lr if developed else p.rescue_lr
-        _set_cap(run, factor * min(run.lr_ceiling, healthy_lr))
+        factor = _cap_factor(decision.reason, p)
+        _set_cap(run, factor * min(run.lr_cap(), healthy_lr), p)
     if run.rescues > 1 and math.isfinite(broke_at):
         run.lr_edge = broke_at
     run.pending_skips += p.skip_batches
@@ -81,6 +80,13 @@ def _caps(
     if blown:
         events.append(f"layer_caps:{len(blown)}")
     return events
+
+
+def _cap_factor(reason: str, policy: GuardPolicy) -> float:
+    """The rescue cap's factor on the checkpoint's LR, by what the rescue was of."""
+    if reason == "online_collapse":
+        return policy.developed_rescue_lr
+    return policy.jump_rescue_lr if reason.startswith("lr_jump") else policy.rescue_lr
 
 
 def _overflow_text(step: int, rescues: int) -> str:
@@ -197,15 +203,18 @@ def warn_fall(run: RunState, loss_warns: bool, held_at: float, policy: GuardPoli
     rises still, so the run cannot absorb the LR it holds. A rescue's cap, kept for good,
     without the rollback: nothing is undone. Returns ``lr_ceiling:<lr>`` when the cap fell."""
     cap = policy.warn_fall * held_at
-    if not loss_warns or cap >= run.lr_ceiling:
+    if not loss_warns or cap >= run.lr_cap():
         return []
-    _set_cap(run, cap)
+    _set_cap(run, cap, policy)
     return [f"lr_ceiling:{cap:.3g}"]
 
 
-def _set_cap(run: RunState, cap: float) -> None:
-    """A new cap for good, its own floor (a lift never goes under it); the lift starts over."""
+def _set_cap(run: RunState, cap: float, policy: GuardPolicy) -> None:
+    """A new cap for good, its own floor (a lift never goes under it); the lift starts over;
+    with ``cap_follows_schedule`` it falls with the loop's LR from the one it was set at."""
     run.lr_ceiling = run.lr_floor = cap
+    follows = policy.cap_follows_schedule and run.loop_lrs
+    run.lr_anchor = run.loop_lrs[-1] if follows else math.inf
     run.lift_quiet, run.lift_troubled = 0, False
 
 

@@ -76,6 +76,8 @@ class RunState:
     # rescue's cap: a fall goes no lower
     lr_edge: float = field(default=math.inf, metadata=kept(optional=True))  # the LR in
     # force when the run last fell back (a fall, a second rescue): rises stop below it
+    lr_anchor: float = field(default=math.inf, metadata=kept(optional=True))  # the loop's
+    # LR when the cap was set, with GuardPolicy.cap_follows_schedule (:meth:`lr_cap`)
     lift_quiet: int = field(default=0, metadata=kept(optional=True))  # healthy steps in
     # a row towards the cap's next rise
     lift_troubled: bool = field(default=False, metadata=kept(optional=True))  # the last
@@ -151,6 +153,13 @@ class RunState:
         self.last_checkpoint = self.step_index - 1  # the state after that step
         self.continues = {"run_id": run_id, "step": self.step_index, "checkpoint": checkpoint}
         self.events.append((self.step_index, f"resume:{checkpoint}"))
+
+    def lr_cap(self) -> float:
+        """The rescues' cap at the loop's newest LR: ``lr_ceiling``, lowered as the loop's
+        LR falls under ``lr_anchor`` (GuardPolicy.cap_follows_schedule)."""
+        if not self.loop_lrs or not math.isfinite(self.lr_anchor):
+            return self.lr_ceiling
+        return self.lr_ceiling * min(1.0, self.loop_lrs[-1] / self.lr_anchor)
 
     def summary(self) -> dict[str, Any]:
         """Counts of what the guard did (also the run file's ``extra["guard"]``)."""

@@ -68,7 +68,7 @@ def guard_metrics(guard: Any) -> dict[str, float]:
 def _lr_scale(run: Any, hold: float) -> float:
     """The level's multiplier, or less where the rescues' cap or the warn's hold (its
     ceiling: ``hold``) binds at the loop's LR."""
-    loop_lr, ceiling = (run.loop_lrs[-1] if run.loop_lrs else 0.0), min(run.lr_ceiling, hold)
+    loop_lr, ceiling = (run.loop_lrs[-1] if run.loop_lrs else 0.0), min(run.lr_cap(), hold)
     if loop_lr > 0 and loop_lr * run.lr_multiplier > ceiling:
         return float(ceiling / loop_lr)
     return float(run.lr_multiplier)

@@ -127,17 +127,18 @@ def test_the_edge_and_the_lift_survive_a_checkpoint_and_old_checkpoints_load(tmp
     guard = Guard(model, opt, tmp_path, risk="off", record=False)
     run = guard.run
     run.lr_ceiling, run.lr_floor, run.lr_edge = 2e-3, 1e-3, 4e-3
-    run.lift_quiet, run.lift_troubled = 7, True
+    run.lift_quiet, run.lift_troubled, run.lr_anchor = 7, True, 0.3
     state = guard.state_dict()
     torch.save(state, tmp_path / "state.pt")
     back = Guard(model, opt, tmp_path / "b", risk="off", record=False)
     back.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
-    kept = ("lr_ceiling", "lr_floor", "lr_edge", "lift_quiet", "lift_troubled")
-    assert [getattr(back.run, k) for k in kept] == [2e-3, 1e-3, 4e-3, 7, True]
+    kept = ("lr_ceiling", "lr_floor", "lr_edge", "lift_quiet", "lift_troubled", "lr_anchor")
+    assert [getattr(back.run, k) for k in kept] == [2e-3, 1e-3, 4e-3, 7, True, 0.3]
     for name in kept[1:]:  # a checkpoint saved before issue 32
         del state["run"][name]
     old = Guard(model, opt, tmp_path / "c", risk="off", record=False).load_state_dict(state)
     assert old.lr_ceiling == 2e-3 and old.run.lr_edge == math.inf and old.run.lift_quiet == 0
+    assert old.run.lr_anchor == math.inf  # a cap that stands still, as it did then
     for g in (guard, back, old):
         g.close()
 
