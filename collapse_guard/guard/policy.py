@@ -222,8 +222,8 @@ class GuardPolicy:
                 raise TypeError(f"GuardPolicy.{f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"GuardPolicy.{f.name} must be finite and >= 0, got {value!r}")
-        multipliers = ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr", "jump_rescue_lr")
-        multipliers += ("lr_fall",)
+        multipliers = ("warn_lr", "critical_lr", "rescue_lr", "developed_rescue_lr")
+        multipliers += ("jump_rescue_lr", "lr_fall")
         if self.warn_fall > 1:
             raise ValueError(
                 f"GuardPolicy.warn_fall is an LR factor in (0, 1] (0: off), got {self.warn_fall!r}"
