@@ -213,8 +213,10 @@ def _set_cap(run: RunState, cap: float, policy: GuardPolicy) -> None:
     """A new cap for good, its own floor (a lift never goes under it); the lift starts over;
     with ``cap_follows_schedule`` it falls with the loop's LR from the one it was set at."""
     run.lr_ceiling = run.lr_floor = cap
-    follows = policy.cap_follows_schedule and run.loop_lrs
-    run.lr_anchor = run.loop_lrs[-1] if follows else math.inf
+    loop_lr = run.loop_lrs[-1] if run.loop_lrs else math.nan
+    follows = policy.cap_follows_schedule and 0 < loop_lr < math.inf  # an LR of 0 (a warmup's
+    # first step) gives no ratio to follow: that cap stands still
+    run.lr_anchor = loop_lr if follows else math.inf
     run.lift_quiet, run.lift_troubled = 0, False
 
 

@@ -70,6 +70,21 @@ def test_by_default_the_jumped_run_anneals_under_its_cap(tmp_path):
     assert in_force[-1] < 0.25 * 3e-3  # a cap that stood still would be 3e-3 here
 
 
+def test_a_cap_set_at_a_loop_lr_of_zero_stands_still(tmp_path):
+    model, opt = tiny_model()
+    loop, guard = Loop(), Guard(model, opt, tmp_path, risk="off", record=False)
+    for step in range(40):  # a checkpoint at the first step; a rescue forced at an LR of 0
+        for group in opt.param_groups:
+            group["lr"] = 0.0 if step == 30 else 3e-3
+        if step == 30:
+            guard.force_next("rescue")
+        guard.step(loop.loss(model))
+        opt.zero_grad()
+    guard.close()
+    assert guard.run.lr_anchor == math.inf and guard.lr_ceiling == pytest.approx(1.5e-3)
+    assert guard.lr_in_force == pytest.approx(1.5e-3)  # under the loop's 3e-3, no division
+
+
 def test_the_new_knobs_are_checked():
     with pytest.raises(ValueError, match="jump_rescue_lr"):
         GuardPolicy(jump_rescue_lr=1.5)
