@@ -212,6 +212,8 @@ def warn_fall(run: RunState, loss_warns: bool, held_at: float, policy: GuardPoli
 def _set_cap(run: RunState, cap: float, policy: GuardPolicy) -> None:
     """A new cap for good, its own floor (a lift never goes under it); the lift starts over;
     with ``cap_follows_schedule`` it falls with the loop's LR from the one it was set at."""
+    if math.isfinite(run.lr_edge):  # an LR at the old anchor: the LR it is now, at the new
+        run.lr_edge *= run.cap_ratio()
     run.lr_ceiling = run.lr_floor = cap
     loop_lr = run.loop_lrs[-1] if run.loop_lrs else math.nan
     follows = policy.cap_follows_schedule and 0 < loop_lr < math.inf  # an LR of 0 (a warmup's
@@ -247,7 +249,7 @@ def lift_cap(
 
 def _rise(run: RunState, loop_lr: float, policy: GuardPolicy) -> list[str]:
     cap = min(run.lr_ceiling * policy.lr_lift, policy.lr_edge_share * run.lr_edge)
-    if max(cap, run.lr_ceiling) > loop_lr:  # the schedule is under the cap: its LR again
+    if max(cap, run.lr_ceiling) * run.cap_ratio() > loop_lr:  # under the cap: its LR again
         run.lr_ceiling = run.lr_floor = math.inf
         return ["lr_ceiling:off"]
     if cap <= run.lr_ceiling:  # at the edge's bound already
@@ -257,7 +259,9 @@ def _rise(run: RunState, loop_lr: float, policy: GuardPolicy) -> list[str]:
 
 
 def _fall(run: RunState, lr_in_force: float, policy: GuardPolicy) -> list[str]:
-    edge = min(run.lr_ceiling, lr_in_force) if math.isfinite(lr_in_force) else run.lr_ceiling
+    ratio = run.cap_ratio()  # the cap's LRs are the anchor's: the LR in force over ratio
+    at_anchor = lr_in_force / ratio if ratio > 0 else math.inf
+    edge = min(run.lr_ceiling, at_anchor) if math.isfinite(at_anchor) else run.lr_ceiling
     run.lr_edge = edge
     run.lr_ceiling = max(run.lr_floor, policy.lr_fall * edge)
     return [f"lr_fall:{run.lr_ceiling:.3g}@{edge:.3g}"]

@@ -154,12 +154,17 @@ class RunState:
         self.continues = {"run_id": run_id, "step": self.step_index, "checkpoint": checkpoint}
         self.events.append((self.step_index, f"resume:{checkpoint}"))
 
-    def lr_cap(self) -> float:
-        """The rescues' cap at the loop's newest LR: ``lr_ceiling``, lowered as the loop's
-        LR falls under ``lr_anchor`` (GuardPolicy.cap_follows_schedule)."""
+    def cap_ratio(self) -> float:
+        """How far the loop's newest LR fell under ``lr_anchor``, at most 1: ``lr_ceiling``,
+        ``lr_floor`` and ``lr_edge`` are LRs at the anchor, this times them the LRs now
+        (GuardPolicy.cap_follows_schedule; 1 when the cap stands still)."""
         if not self.loop_lrs or not math.isfinite(self.lr_anchor):
-            return self.lr_ceiling
-        return self.lr_ceiling * min(1.0, self.loop_lrs[-1] / self.lr_anchor)
+            return 1.0
+        return min(1.0, self.loop_lrs[-1] / self.lr_anchor)
+
+    def lr_cap(self) -> float:
+        """The rescues' cap at the loop's newest LR (:meth:`cap_ratio`)."""
+        return self.lr_ceiling * self.cap_ratio()
 
     def summary(self) -> dict[str, Any]:
         """Counts of what the guard did (also the run file's ``extra["guard"]``)."""

@@ -12,7 +12,10 @@ import pytest
 from guard_helpers import Loop, tiny_model
 
 from collapse_guard.guard import Guard, GuardPolicy
+from collapse_guard.guard.decision import GuardDecision
+from collapse_guard.guard.rescue import lift_cap
 from collapse_guard.guard.state import RunState
+from collapse_guard.predictor.core.levels import OK
 
 
 def _capped(cap: float, anchor: float, loop_lr: float) -> RunState:
@@ -83,6 +86,20 @@ def test_a_cap_set_at_a_loop_lr_of_zero_stands_still(tmp_path):
     guard.close()
     assert guard.run.lr_anchor == math.inf and guard.lr_ceiling == pytest.approx(1.5e-3)
     assert guard.lr_in_force == pytest.approx(1.5e-3)  # under the loop's 3e-3, no division
+
+
+def test_a_lifting_caps_fall_is_lr_fall_times_the_lr_in_force_under_a_fallen_schedule():
+    # risen to 2e-3 over a rescue's 2e-4, set at a loop LR of 0.3 that fell to 0.15: in force 1e-3
+    run = _capped(2e-3, 0.3, 0.15)
+    run.lr_floor = 2e-4
+    decision = GuardDecision(step=0, level=OK, apply_update=True)
+    policy = GuardPolicy(lr_lift_steps=20)  # lr_fall 0.5
+    events = lift_cap(decision, run, True, (0.15, run.lr_cap()), policy)  # a precursor
+    assert events == ["lr_fall:0.001@0.002"]  # LRs at the anchor, as the cap's are
+    assert run.lr_cap() == pytest.approx(0.5 * 1e-3)  # not 0.25: the fall counts the ratio once
+    assert run.lr_edge == pytest.approx(2e-3)
+    run.loop_lrs.append(0.3)  # the schedule back at the anchor: the edge and cap stand
+    assert run.lr_cap() == pytest.approx(1e-3)
 
 
 def test_the_new_knobs_are_checked():
