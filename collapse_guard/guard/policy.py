@@ -97,8 +97,8 @@ class GuardPolicy:
     developed_rescue_lr: float = 0.25  # the cap's factor instead when the rescue is of a
     # collapse that developed (``online_collapse``: the label's rule, run live, saw the loss
     # rise for 30+ steps at the LRs that led there, so the checkpoint's LR was already on
-    # the way); a rescue of a non-finite loss or of outliers after an LR jump keeps
-    # rescue_lr (the checkpoint's LR, before the fault, was sound)
+    # the way); a rescue of a non-finite loss keeps rescue_lr, of outliers after an LR
+    # jump takes jump_rescue_lr (the checkpoint's LR, before the fault, was sound)
     jump_rescue_lr: float = 1.0  # the cap's factor instead when the rescue is of outliers
     # after a jump of the loop's LR (``lr_jump``): the checkpoint predates the jump, its LR
     # is the schedule's, and the cap follows the schedule down from there (below)

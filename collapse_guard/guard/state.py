@@ -163,7 +163,10 @@ class RunState:
         return min(1.0, self.loop_lrs[-1] / self.lr_anchor)
 
     def lr_cap(self) -> float:
-        """The rescues' cap at the loop's newest LR (:meth:`cap_ratio`)."""
+        """The rescues' cap at the loop's newest LR (:meth:`cap_ratio`); no cap (inf) stays
+        none at a loop LR of 0."""
+        if not math.isfinite(self.lr_ceiling):
+            return self.lr_ceiling
         return self.lr_ceiling * self.cap_ratio()
 
     def summary(self) -> dict[str, Any]:

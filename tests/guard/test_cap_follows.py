@@ -31,6 +31,7 @@ def test_the_cap_falls_with_the_loops_lr_under_its_anchor_and_never_rises_over_i
     assert _capped(1e-3, 0.3, 3.0).lr_cap() == pytest.approx(1e-3)  # a re-warm stays capped
     assert _capped(1e-3, math.inf, 0.03).lr_cap() == 1e-3  # a cap that stands still
     assert RunState.fresh(GuardPolicy()).lr_cap() == math.inf  # no cap, no loop LR yet
+    assert _capped(math.inf, 0.3, 0.0).lr_cap() == math.inf  # a lifted-off cap, the LR at 0
 
 
 def _jumped(tmp_path, policy: GuardPolicy) -> tuple[Guard, list[float]]:
