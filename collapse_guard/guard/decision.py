@@ -26,7 +26,8 @@ The order of the rules is the order of their urgency::
               restored weights: the data went bad, not the model -> data-fault mode:
               outlier batches are skipped without limit and the online collapse does not
               rescue (rolling back cannot fix data) until data_clear_steps clean batches
-              in a row
+              in a row; max_data_fault_skips outliers skipped in a row there -> give up
+              (the data stayed bad: GuardGaveUp names the pipeline, not the LR)
     skip      non-finite loss or gradient, loss / grad-norm z over outlier_z (critical_outlier_z
               at `critical`) -> no update this step; after max_outlier_skips z-score
               skips in a row the next outlier is applied (clipped): it is the data now
@@ -72,7 +73,8 @@ event                       meaning
 ``data_fault:<reason>``     data-fault mode begins (the restored weights see outliers)
 ``data_clear``              data-fault mode ends
 ``layer_caps:<n>``          ``n`` tensors that blew up get a gradient-norm cap
-``give_up:<reason>``        the rescue cap is reached: ``GuardGaveUp`` is raised
+``give_up:<reason>``        the rescue cap is reached, or ``data_fault_skips=<n>``: the
+                            data stayed bad; ``GuardGaveUp`` is raised
 ==========================  ==========================================================
 """
 
@@ -257,6 +259,17 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         events.append(f"lr_x{lr:.3g}")
     skip = _skip_reason(facts, policy)
     data_fault = _data_fault(facts, policy, skip, events)
+    if skip and data_fault and _data_stayed_bad(facts.skip_streak + 1, policy):
+        reason = f"data_fault_skips={facts.skip_streak + 1}"
+        return GuardDecision(
+            **common,
+            apply_update=False,
+            lr_multiplier=lr,
+            reason=reason,
+            give_up=True,
+            data_fault=True,
+            events=(*events, f"give_up:{reason}"),
+        )
     accept = accepts_outliers(facts.skip_streak, data_fault, policy)
     if skip and skip not in _NONFINITE_SKIPS and accept:
         events.append(f"accept:{skip}")  # the outlier persists: it is the data now
@@ -292,6 +305,10 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         data_fault=data_fault,
         events=tuple(events),
     )
+
+
+def _data_stayed_bad(streak: int, policy: GuardPolicy) -> bool:
+    return 0 < policy.max_data_fault_skips <= streak
 
 
 def _data_fault(facts: StepFacts, policy: GuardPolicy, skip: str, events: list) -> bool:

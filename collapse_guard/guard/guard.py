@@ -53,7 +53,7 @@ from collapse_guard.guard.policy import GuardPolicy, resolve_policy
 from collapse_guard.guard.preflight import warn_preflight
 from collapse_guard.guard.qk_clip import QKMapping
 from collapse_guard.guard.record import close_extra
-from collapse_guard.guard.rescue import GuardGaveUp, Rescuer, gave_up
+from collapse_guard.guard.rescue import GuardGaveUp, Rescuer, data_fault_text, gave_up
 from collapse_guard.guard.risk_spec import RiskSpec
 from collapse_guard.guard.setup import build_setup
 from collapse_guard.guard.state import STATE_VERSION, InState, RunState
@@ -257,6 +257,9 @@ class Guard:
         """A decision made: stop where it gives up, else its level's LR multiplier holds."""
         if decision.give_up:
             self._give_up(decision)
+        if decision.data_fault and not self.run.data_fault:
+            text = data_fault_text(decision.step, self.policy)
+            self.setup.once.warn("data_fault", text, stacklevel=3)
         self.run.lr_multiplier = decision.lr_multiplier
         if decision.reason != "after_rescue":  # that step trained nothing: the next one is
             self.run.after_rollback = False  # the first at the restored weights

@@ -153,6 +153,10 @@ class GuardPolicy:
     # an outlier at the restored, healthy weights: the data went bad, not the model),
     # outlier batches are skipped without limit and not rolled back into; the mode ends
     # after this many non-outlier batches in a row
+    max_data_fault_skips: int = 200  # batches skipped in a row in data-fault mode before
+    # GuardGaveUp: a bad shard passes, a pipeline that went bad for good would skip every
+    # batch to the end and train nothing (a corrupt ramp skipped 430 batches silently,
+    # issue 32); 200, the forecast's horizon; 0 = skip without limit
     skip_batches: int = 20  # batches skipped after a rollback (the data that led there)
     max_rescues: int = 5  # rescues per run; one more stops training with GuardGaveUp
     # --- the rescue's LR cap gives the LR back (issue 32; rescue.py's lift_cap) ---

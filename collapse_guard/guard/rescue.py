@@ -42,7 +42,7 @@ from collapse_guard.guard.state import RunState, Training, Trajectory
 from collapse_guard.guard.warn_hold import WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
-__all__ = ["GuardGaveUp", "Rescuer", "gave_up", "lift_cap", "precursor", "warn_fall"]
+__all__ = ["GuardGaveUp", "Rescuer", "data_fault_text", "gave_up", "lift_cap", "precursor", "warn_fall"]
 
 
 class GuardGaveUp(RuntimeError):
@@ -97,6 +97,18 @@ def _overflow_text(step: int, rescues: int) -> str:
         "LR does not shrink them). Train in bf16, or keep activations in range (weight "
         "decay, QK-norm, a smaller init); a GradScaler guards the gradients, not the forward "
         "(said once)"
+    )
+
+
+def data_fault_text(step: int, policy: GuardPolicy) -> str:
+    """The warning at the start of data-fault mode (decision.py)."""
+    limit = policy.max_data_fault_skips
+    stops = f"after {limit} skipped in a row the guard stops" if limit else "no bound on a streak"
+    return (
+        f"collapse-guard: step {step}: the first batch after a rollback is a loss outlier "
+        "at weights that were healthy: the data went bad, not the model. Outlier batches "
+        f"are skipped until {policy.data_clear_steps} clean ones in a row; {stops} "
+        "(GuardPolicy.max_data_fault_skips). Check the data pipeline (said once)"
     )
 
 
@@ -270,7 +282,18 @@ def _fall(run: RunState, lr_in_force: float, policy: GuardPolicy) -> list[str]:
 def gave_up(
     decision: GuardDecision, rescues: int, policy: GuardPolicy, folder: Path
 ) -> GuardGaveUp:
-    """The error that stops a run collapsing again with its rescues spent."""
+    """The error that stops a run collapsing again with its rescues spent, or whose data
+    stayed bad (``data_fault_skips``: every batch skipped would train nothing)."""
+    if decision.reason.startswith("data_fault_skips"):
+        skipped = decision.reason.split("=", 1)[1]
+        return GuardGaveUp(
+            f"step {decision.step}: the last {skipped} batches were all loss outliers at "
+            "weights a rollback restored: the data went bad, not the model, and stayed bad "
+            f"(GuardPolicy.max_data_fault_skips={policy.max_data_fault_skips}); stopping "
+            "instead of skipping every batch. Check the data pipeline (the shards or loader "
+            "since the first data_fault event in the run file), then guard.resume() from "
+            "the ring's newest checkpoint; max_data_fault_skips=0 skips without limit"
+        )
     return GuardGaveUp(
         f"step {decision.step}: the run collapsed again ({decision.reason}) after "
         f"{rescues} rescues (GuardPolicy.max_rescues={policy.max_rescues}); "

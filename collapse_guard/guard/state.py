@@ -177,7 +177,7 @@ class RunState:
             "rescues": self.rescues,
             "checkpoints": self.checkpoints,
             "first_warning": self.first_warning,
-            "lr_ceiling": self.lr_ceiling,
+            "lr_ceiling": self.lr_cap(),  # as it stands at the loop's LR, not as it was set
             "risk_source": self.risk_source,
             "risk_model_version": self.risk_model_version,
             "qk_clips": self.qk_clips,

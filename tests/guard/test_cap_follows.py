@@ -72,6 +72,9 @@ def test_by_default_the_jumped_run_anneals_under_its_cap(tmp_path):
     # the loop's LR fell from the anchor to 0.3 x 0.109: the cap fell in proportion
     assert in_force[-1] == pytest.approx(3e-3 * 0.3 * 0.109 / anchor)
     assert in_force[-1] < 0.25 * 3e-3  # a cap that stood still would be 3e-3 here
+    # the summary (and the run file's) gives the cap as it stands; the attribute, as set
+    assert guard.summary()["lr_ceiling"] == pytest.approx(in_force[-1])
+    assert guard.lr_ceiling == pytest.approx(3e-3)
 
 
 def test_a_cap_set_at_a_loop_lr_of_zero_stands_still(tmp_path):

@@ -149,6 +149,19 @@ def test_an_outlier_at_the_restored_weights_is_a_data_fault_skipped_without_limi
     assert not decide(facts(after_rollback=True, loss_z=1.0), POLICY).data_fault
 
 
+def test_data_that_stays_bad_gives_up_at_max_data_fault_skips_in_a_row():
+    limit = POLICY.max_data_fault_skips
+    assert decide(facts(data_fault=True, skip_streak=limit - 2, loss_z=12.0), POLICY).skipped
+    stop = decide(facts(data_fault=True, skip_streak=limit - 1, loss_z=12.0), POLICY)
+    assert stop.give_up and stop.reason == f"data_fault_skips={limit}"
+    assert stop.events == (f"give_up:data_fault_skips={limit}",)
+    # a clean batch is no skip, outside the mode there is no such bound, 0 lifts it
+    assert decide(facts(data_fault=True, skip_streak=limit - 1), POLICY).apply_update
+    assert not decide(facts(skip_streak=limit - 1, loss_z=12.0), POLICY).give_up
+    unbounded = GuardPolicy(max_data_fault_skips=0)
+    assert decide(facts(data_fault=True, skip_streak=10**6, loss_z=12.0), unbounded).skipped
+
+
 def test_an_outlier_at_the_rings_average_rolls_back_to_the_newest_not_a_data_fault():
     # a mean of checkpoints was never measured: it cannot tell the data from the model
     d = decide(facts(after_rollback=True, averaged_rollback=True, loss_z=12.0), POLICY)
