@@ -42,7 +42,15 @@ from collapse_guard.guard.state import RunState, Training, Trajectory
 from collapse_guard.guard.warn_hold import WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
-__all__ = ["GuardGaveUp", "Rescuer", "data_fault_text", "gave_up", "lift_cap", "precursor", "warn_fall"]
+__all__ = [
+    "GuardGaveUp",
+    "Rescuer",
+    "data_fault_text",
+    "gave_up",
+    "lift_cap",
+    "precursor",
+    "warn_fall",
+]
 
 
 class GuardGaveUp(RuntimeError):
