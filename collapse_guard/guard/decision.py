@@ -24,7 +24,7 @@ The order of the rules is the order of their urgency::
               LR cut or batch skips; only a measured checkpoint can tell data from model
     data      the first step after a rollback to one checkpoint is a loss outlier at the
               restored weights: the data went bad, not the model -> data-fault mode:
-              outlier batches are skipped without limit and the online collapse does not
+              outlier batches are skipped and the online collapse does not
               rescue (rolling back cannot fix data) until data_clear_steps clean batches
               in a row; max_data_fault_skips outliers skipped in a row there -> give up
               (the data stayed bad: GuardGaveUp names the pipeline, not the LR)

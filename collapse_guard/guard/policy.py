@@ -151,8 +151,8 @@ class GuardPolicy:
     # rule before issue 32 (any 2x within 10 steps: a fast ramp was a jump)
     data_clear_steps: int = 20  # in data-fault mode (a rollback whose first batch is still
     # an outlier at the restored, healthy weights: the data went bad, not the model),
-    # outlier batches are skipped without limit and not rolled back into; the mode ends
-    # after this many non-outlier batches in a row
+    # outlier batches are skipped (up to max_data_fault_skips in a row) and not rolled back
+    # into; the mode ends after this many non-outlier batches in a row
     max_data_fault_skips: int = 200  # batches skipped in a row in data-fault mode before
     # GuardGaveUp: a bad shard passes, a pipeline that went bad for good would skip every
     # batch to the end and train nothing (a corrupt ramp skipped 430 batches silently,

@@ -295,7 +295,7 @@ def gave_up(
     if decision.reason.startswith("data_fault_skips"):
         skipped = decision.reason.split("=", 1)[1]
         return GuardGaveUp(
-            f"step {decision.step}: the last {skipped} batches were all loss outliers at "
+            f"step {decision.step}: the last {skipped} batches were all outliers at "
             "weights a rollback restored: the data went bad, not the model, and stayed bad "
             f"(GuardPolicy.max_data_fault_skips={policy.max_data_fault_skips}); stopping "
             "instead of skipping every batch. Check the data pipeline (the shards or loader "
