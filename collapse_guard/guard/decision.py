@@ -237,14 +237,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     rescue = _rescue_reason(facts, policy)
     if rescue:
         if facts.rescues >= policy.max_rescues:
-            return GuardDecision(
-                **common,
-                apply_update=False,
-                lr_multiplier=lr,
-                reason=rescue,
-                give_up=True,
-                events=(f"give_up:{rescue}",),
-            )
+            return _give_up(common, lr, rescue)
         return GuardDecision(
             **common,
             apply_update=False,
@@ -261,15 +254,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     data_fault = _data_fault(facts, policy, skip, events)
     if skip and data_fault and _data_stayed_bad(facts.skip_streak + 1, policy):
         reason = f"data_fault_skips={facts.skip_streak + 1}"
-        return GuardDecision(
-            **common,
-            apply_update=False,
-            lr_multiplier=lr,
-            reason=reason,
-            give_up=True,
-            data_fault=True,
-            events=(*events, f"give_up:{reason}"),
-        )
+        return _give_up(common, lr, reason, events, data_fault=True)
     accept = accepts_outliers(facts.skip_streak, data_fault, policy)
     if skip and skip not in _NONFINITE_SKIPS and accept:
         events.append(f"accept:{skip}")  # the outlier persists: it is the data now
@@ -304,6 +289,21 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
         checkpoint=checkpoint,
         data_fault=data_fault,
         events=tuple(events),
+    )
+
+
+def _give_up(
+    common: dict, lr: float, reason: str, events: list | tuple = (), *, data_fault: bool = False
+) -> GuardDecision:
+    """A decision that stops the run (``GuardGaveUp``): no update, ``give_up:<reason>``."""
+    return GuardDecision(
+        **common,
+        apply_update=False,
+        lr_multiplier=lr,
+        reason=reason,
+        give_up=True,
+        data_fault=data_fault,
+        events=(*events, f"give_up:{reason}"),
     )
 
 

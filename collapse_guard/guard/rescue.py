@@ -293,11 +293,10 @@ def gave_up(
     """The error that stops a run collapsing again with its rescues spent, or whose data
     stayed bad (``data_fault_skips``: every batch skipped would train nothing)."""
     if decision.reason.startswith("data_fault_skips"):
-        skipped = decision.reason.split("=", 1)[1]
         return GuardGaveUp(
-            f"step {decision.step}: the last {skipped} batches were all outliers at "
-            "weights a rollback restored: the data went bad, not the model, and stayed bad "
-            f"(GuardPolicy.max_data_fault_skips={policy.max_data_fault_skips}); stopping "
+            f"step {decision.step}: the last {policy.max_data_fault_skips} batches were all "
+            "outliers at weights a rollback restored: the data went bad, not the model, and "
+            "stayed bad (GuardPolicy.max_data_fault_skips); stopping "
             "instead of skipping every batch. Check the data pipeline (the shards or loader "
             "since the first data_fault event in the run file), then guard.resume() from "
             "the ring's newest checkpoint; max_data_fault_skips=0 skips without limit"
