@@ -168,6 +168,7 @@ GUARD_POLICIES = {
     "warn_quarter_slow": {"warn_action": "scale", "warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z6": {"outlier_z": 6.0},
     "warn_fall": {"warn_fall": 0.25},
+    "warn_fall_half": {"warn_fall": 0.5},
     "cap_still": {"cap_follows_schedule": False, "jump_rescue_lr": 0.5},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
@@ -175,12 +176,13 @@ ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone",
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall", "cap_still")
+ARMS += ("warn_fall_half",)
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow", "cap_still")
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
-FORECAST_ARMS += ("hold_watch",)
+FORECAST_ARMS += ("hold_watch", "warn_fall", "warn_fall_half")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
@@ -192,6 +194,8 @@ PAIRS = (
     ("warn_quarter_slow", "reactive_only"),
     ("skip_z6", "guarded"),
     ("hold_watch", "guarded"),
+    ("warn_fall", "reactive_only"),
+    ("warn_fall_half", "reactive_only"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN

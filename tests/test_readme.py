@@ -272,7 +272,15 @@ def test_the_readmes_demo_figures_hold_for_what_the_demo_prints(tmp_path):
     ((rescue, rescued),) = [(s, e) for s, e in events if "rescue:" in e]
     parts = dict(p.split(":", 1) for p in rescued.split(";"))
     averaged = _quoted(r"mean of the last (\d+) healthy checkpoints", section)
-    assert re.fullmatch(rf"avg{averaged}@\d+", parts["rollback"]), parts
+    rolled_to = rf"avg{averaged}@\d+"
+    if "rewind" in parts:  # past the ring, to the lowest-loss checkpoint alone
+        from collapse_guard.guard import GuardPolicy
+
+        gap = float(_quoted(r"trained worse than that one\s+by ([\d.]+) nats or more", section))
+        assert gap == GuardPolicy().rewind_loss_gap
+        assert float(parts["rewind"].removeprefix("loss_gap=")) >= gap, parts
+        rolled_to = r"avg1@\d+"
+    assert re.fullmatch(rolled_to, parts["rollback"]), parts
     assert parts["skip_batches"] == _quoted(r"skips (\d+) batches", section)
     # a quarter of the checkpoint's LR, which was under the loop's at the rescue (a re-warm)
     loop_lr = frame.loc[frame["step"] == rescue, "lr"].item()

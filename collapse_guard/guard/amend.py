@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from collapse_guard.guard.checkpoints import CheckpointRing
+from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
@@ -29,6 +29,7 @@ __all__ = [
     "nonfinite_param",
     "nonfinite_text",
     "with_rollback",
+    "worse_by",
 ]
 
 FORCEABLE = ("skip", "rescue", "checkpoint")
@@ -123,12 +124,28 @@ def with_rollback(
     decision: GuardDecision, ring: CheckpointRing, policy: GuardPolicy
 ) -> GuardDecision:
     """A rescue names the checkpoints it averages (every DDP rank reads the same files):
-    those that share a basin with the newest; the newest alone after an average was worse."""
+    those that share a basin with the newest; the newest alone after an average was worse;
+    the ring's best alone when a developed collapse's ring trained worse (:func:`worse_by`)."""
     p = policy
     paths = tuple(str(x) for x in ring.basin(p.average_span, p.average_loss_gap))
     if decision.reason.startswith("average_worse"):
         paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
+    gap = worse_by(ring)
+    if decision.reason == "online_collapse" and p.rewind_loss_gap and gap > p.rewind_loss_gap:
+        events = (*decision.events, f"rewind:loss_gap={gap:.3g}")
+        return replace(decision, rollback_to=(str(ring.best()),), rewind=True, events=events)
     return replace(decision, rollback_to=paths)
+
+
+def worse_by(ring: CheckpointRing) -> float:
+    """Nats by which the ring's newest checkpoint's recorded loss stands over its best's
+    (0 where either is unknown or the newest is the best)."""
+    paths, best = ring.paths(), ring.best()
+    if not paths or best is None or best == paths[-1]:
+        return 0.0
+    newest, lowest = (read_sidecar(x) or {} for x in (paths[-1], best))
+    known = all(isinstance(info.get("loss"), float) for info in (newest, lowest))
+    return newest["loss"] - lowest["loss"] if known else 0.0
 
 
 def nonfinite_text(step: int, name: str) -> str:

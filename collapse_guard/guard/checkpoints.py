@@ -19,7 +19,10 @@ fsync, checksum, the sidecar written likewise, then the rename over the final na
 whole, with its sidecar, or absent. A kill between the two renames leaves a sidecar
 without its file (removed at the next start, :meth:`CheckpointRing.clean`). Only healthy
 steps are written, and only the oldest beyond ``keep`` are removed, after the new one is
-durable: the last healthy checkpoints are never lost.
+durable: the last healthy checkpoints are never lost. The one of the lowest recorded loss
+written stays too (:meth:`CheckpointRing.best`): a developed collapse whose ring trained
+worse than it rolls back there (``GuardPolicy.rewind_loss_gap``), and the ring restarts
+there (:meth:`CheckpointRing.rewind`).
 
 Reading (:func:`load_verified`): size and checksum against the sidecar, then the
 ``weights_only`` load. A file that fails (truncated, empty, random bytes, a flipped bit,
@@ -297,6 +300,7 @@ class CheckpointRing:
                 "pass a folder this process may write to, e.g. Guard(..., checkpoint_dir='ckpt')",
             )
         self._mine: list[Path] = []
+        self._best: tuple[Path, float] | None = None  # the lowest recorded loss written
         self.unwritten: list[str] = []  # checkpoints a full disk refused (keep.py says so)
 
     def existing(self) -> list[Path]:
@@ -351,7 +355,7 @@ class CheckpointRing:
         older ones are orphans of the run resumed and, with ``tidy``, are removed. Returns
         their names."""
         older = [p for p in self.existing() if p.name <= Path(newest).name]
-        self._mine = older[-self.keep :]
+        self._mine, self._best = older[-self.keep :], None
         orphans = older[: -self.keep]
         for path in orphans if tidy else ():
             self._remove(path)
@@ -366,10 +370,32 @@ class CheckpointRing:
         path = self.folder / f"guard-{step:09d}.pt"
         _save_verified({"format": FORMAT, "step": int(step), **state}, path)
         self._mine = [p for p in self._mine if p != path] + [path]
-        for old in self._mine[: -self.keep]:  # only after the new one is durable
-            self._remove(old)
+        stale = self._mine[: -self.keep]
+        loss = _json_float(state.get("loss"))
+        if loss is not None and (self._best is None or loss < self._best[1]):
+            stale += [self._best[0]] if self._best is not None else []
+            self._best = (path, loss)
         self._mine = self._mine[-self.keep :]
+        for old in stale:  # only after the new one is durable; the best stays
+            if old not in self._mine and old != self.best():
+                self._remove(old)
         return path
+
+    def best(self) -> Path | None:
+        """The checkpoint of the lowest recorded loss the ring wrote, kept after it left
+        the ring (a rollback past a ring that trained worse: ``rewind``)."""
+        return self._best[0] if self._best is not None else None
+
+    def rewind(self) -> list[str]:
+        """Go back to the best checkpoint: the ring's newer ones belong to a trajectory
+        abandoned and are removed (a later rollback or resume must not land on them); the
+        ring is the best alone. Returns the names removed."""
+        best = self.best()
+        gone = [p for p in self._mine if p != best]
+        for path in gone:
+            self._remove(path)
+        self._mine = [best] if best is not None else []
+        return [p.name for p in gone]
 
     def newest(self) -> Path | None:
         paths = self.existing()

@@ -147,6 +147,8 @@ class GuardDecision:
     data_fault: bool = False  # data-fault mode after this step
     rollback_to: tuple[str, ...] = ()  # the checkpoints a rescue averages (set by the guard
     # from its ring, so that every DDP rank reads the same files)
+    rewind: bool = False  # rollback_to is the ring's best, past a ring that trained worse
+    # (amend.with_rollback): the ring restarts there
     events: tuple[str, ...] = field(default=())
 
     @property

@@ -155,6 +155,8 @@ class Rescuer:
             setup.probe.reset()  # the rollback is not an update: forget the previous sketch
             events.append(f"rollback:avg{state['averaged']}@{state['step']}")
             ddp.barrier()  # every rank has read the files before rank 0 may replace them
+            if decision.rewind and setup.rank == 0:
+                setup.ring.rewind()
         else:
             trajectory = trajectory.restarted(policy)
             events.append("rollback:none")
