@@ -169,6 +169,7 @@ GUARD_POLICIES = {
     "skip_z6": {"outlier_z": 6.0},
     "warn_fall": {"warn_fall": 0.25},
     "warn_fall_half": {"warn_fall": 0.5},
+    "developed_half": {"developed_rescue_lr": 0.5},
     "cap_still": {"cap_follows_schedule": False, "jump_rescue_lr": 0.5},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
@@ -176,11 +177,12 @@ ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone",
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall", "cap_still")
-ARMS += ("warn_fall_half",)
+ARMS += ("warn_fall_half", "developed_half")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow", "cap_still")
+CAP_ARMS += ("developed_half",)
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
 FORECAST_ARMS += ("hold_watch", "warn_fall", "warn_fall_half")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
@@ -196,6 +198,7 @@ PAIRS = (
     ("hold_watch", "guarded"),
     ("warn_fall", "reactive_only"),
     ("warn_fall_half", "reactive_only"),
+    ("developed_half", "guarded"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN

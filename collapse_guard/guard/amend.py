@@ -6,12 +6,14 @@ parameter that is not finite, the checkpoints a rescue rolls back to).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar
+from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar, verify
 from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
 from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
@@ -130,11 +132,29 @@ def with_rollback(
     paths = tuple(str(x) for x in ring.basin(p.average_span, p.average_loss_gap))
     if decision.reason.startswith("average_worse"):
         paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
-    gap = worse_by(ring)
-    if decision.reason == "online_collapse" and p.rewind_loss_gap and gap > p.rewind_loss_gap:
-        events = (*decision.events, f"rewind:loss_gap={gap:.3g}")
-        return replace(decision, rollback_to=(str(ring.best()),), rewind=True, events=events)
+    if decision.reason == "online_collapse" and p.rewind_loss_gap:
+        gap = worse_by(ring)
+        if gap > p.rewind_loss_gap and _sound(ring.best()):
+            events = (*decision.events, f"rewind:loss_gap={gap:.3g}")
+            return replace(decision, rollback_to=(str(ring.best()),), rewind=True, events=events)
     return replace(decision, rollback_to=paths)
+
+
+def _sound(path: Path) -> bool:
+    """The rewind's checkpoint passes its sidecar's check; if not, the rescue rolls back to
+    the ring as before, and says why (a rewind must not land on a damaged file)."""
+    try:
+        why = verify(path)
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+    if why:
+        warnings.warn(
+            f"collapse-guard: no rewind to {path.name} ({why}); rolling back to the ring's "
+            "checkpoints instead",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+    return not why
 
 
 def worse_by(ring: CheckpointRing) -> float:

@@ -266,6 +266,20 @@ def average_states(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch
     return out
 
 
+def _lowest_loss(paths: Sequence[Path]) -> tuple[Path, float] | None:
+    """The checkpoint of the lowest recorded loss (its sidecar's) and that loss; None where
+    no sidecar records one."""
+    known = []
+    for path in paths:
+        loss = (read_sidecar(path) or {}).get("loss")
+        if isinstance(loss, float):
+            known.append((loss, path))
+    if not known:
+        return None
+    loss, path = min(known)
+    return path, loss
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -351,12 +365,12 @@ class CheckpointRing:
         return None, None, skipped
 
     def adopt(self, newest: Path, tidy: bool = True) -> list[str]:
-        """Resume: the ring is the folder's checkpoints up to ``newest`` (the last ``keep``);
-        older ones are orphans of the run resumed and, with ``tidy``, are removed. Returns
-        their names."""
+        """Resume: the ring is the folder's checkpoints up to ``newest`` (the last ``keep``)
+        and its best is the lowest recorded loss among them all; the other older ones are
+        orphans of the run resumed and, with ``tidy``, are removed. Returns their names."""
         older = [p for p in self.existing() if p.name <= Path(newest).name]
-        self._mine, self._best = older[-self.keep :], None
-        orphans = older[: -self.keep]
+        self._mine, self._best = older[-self.keep :], _lowest_loss(older)
+        orphans = [p for p in older[: -self.keep] if p != self.best()]
         for path in orphans if tidy else ():
             self._remove(path)
         return [p.name for p in orphans]

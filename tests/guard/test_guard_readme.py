@@ -24,3 +24,10 @@ def test_the_readmes_data_fault_bound_is_the_policys():
     quoted = re.search(r"after (\d+) in a row stops with `GuardGaveUp` naming the data", text)
     assert quoted, "the README no longer quotes the data-fault bound"
     assert int(quoted.group(1)) == GuardPolicy().max_data_fault_skips
+
+
+def test_the_readmes_rewind_gap_is_the_policys():
+    text = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    quoted = re.search(r"the newest ([\d.]+) nats over the best one, `rewind_loss_gap`", text)
+    assert quoted, "the README no longer quotes the rewind's gap"
+    assert float(quoted.group(1)) == GuardPolicy().rewind_loss_gap

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from guard_helpers import Loop, tiny_model
 
@@ -44,6 +45,17 @@ def test_a_rewind_leaves_the_best_alone_in_the_ring(tmp_path):
     assert _names(ring.basin(300, 0.05)) == ["000200", "000480"]
 
 
+def test_a_resume_keeps_the_lineages_best_checkpoint(tmp_path):
+    # five checkpoints of a run (a ring of 5 wrote them); the resumed ring keeps 3
+    _ring(tmp_path, {100: 3.0, 200: 2.5, 300: 2.6, 400: 2.8, 500: 2.9}, keep=5)
+    resumed = CheckpointRing(tmp_path, keep=3)
+    assert resumed.adopt(tmp_path / "guard-000000500.pt") == ["guard-000000100.pt"]
+    assert _names(resumed.paths()) == ["000300", "000400", "000500"]
+    assert _names([resumed.best()]) == ["000200"]
+    assert _names(resumed.existing()) == ["000200", "000300", "000400", "000500"]
+    assert round(worse_by(resumed), 6) == 0.4
+
+
 def _rescue(reason: str) -> GuardDecision:
     return GuardDecision(step=501, apply_update=False, rescue=True, reason=reason)
 
@@ -62,6 +74,17 @@ def test_a_developed_rescue_rolls_back_past_a_ring_that_trained_worse(tmp_path):
         kept = with_rollback(_rescue("online_collapse"), ring, policy)
         basin = _names(map(Path, kept.rollback_to))
         assert not kept.rewind and basin == ["000300", "000400", "000500"]
+
+
+def test_a_damaged_best_checkpoint_leaves_the_rescue_to_the_ring(tmp_path):
+    ring = _ring(tmp_path, {100: 3.0, 200: 2.5, 300: 2.6, 400: 2.68, 500: 2.72})
+    best = ring.best()
+    best.write_bytes(best.read_bytes()[:-10])  # truncated after it was written
+    with pytest.warns(RuntimeWarning, match="no rewind to guard-000000200.pt .*truncated"):
+        decision = with_rollback(_rescue("online_collapse"), ring, GuardPolicy())
+    assert not decision.rewind and _names(map(Path, decision.rollback_to)) == [
+        "000300", "000400", "000500"
+    ]  # fmt: skip
 
 
 def _drifting_run(tmp_path, gap: float) -> tuple[Guard, dict[int, dict], list[int]]:
