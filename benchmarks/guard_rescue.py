@@ -88,7 +88,13 @@ arm                   what
                       warn
 ``warn_fall``         ``guarded`` whose hold, met by a precursor of the loss, caps the
                       LR at a quarter of the held LR for good, without a rollback
-                      (``warn_fall=0.25``)
+                      (``warn_fall=0.25``, ``warn_rescue=False``)
+``warn_fall_half``    the same at half the held LR (``warn_fall=0.5``)
+``hold_waits``        ``guarded`` whose hold, met by a precursor of the loss, waits for the
+                      online label's rescue (``warn_rescue=False``: the rule before
+                      2026-12-06 17:39)
+``developed_half``    ``guarded`` with a 0.5x cap after a collapse that developed
+                      (``developed_rescue_lr=0.5``)
 ``cap_still``         ``guarded`` with the rescue's cap of before 2026-12-06: it stands
                       still as the loop's LR decays, and 0.5x after an LR jump
                       (``cap_follows_schedule=False``, ``jump_rescue_lr=0.5``)
@@ -167,9 +173,10 @@ GUARD_POLICIES = {
     "warn_quarter": {"warn_action": "scale", "warn_lr": 0.25},
     "warn_quarter_slow": {"warn_action": "scale", "warn_lr": 0.25, "lr_restore_steps": 300},
     "skip_z6": {"outlier_z": 6.0},
-    "warn_fall": {"warn_fall": 0.25},
-    "warn_fall_half": {"warn_fall": 0.5},
+    "warn_fall": {"warn_fall": 0.25, "warn_rescue": False},
+    "warn_fall_half": {"warn_fall": 0.5, "warn_rescue": False},
     "developed_half": {"developed_rescue_lr": 0.5},
+    "hold_waits": {"warn_rescue": False},
     "cap_still": {"cap_follows_schedule": False, "jump_rescue_lr": 0.5},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
@@ -177,14 +184,14 @@ ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone",
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall", "cap_still")
-ARMS += ("warn_fall_half", "developed_half")
+ARMS += ("warn_fall_half", "developed_half", "hold_waits")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow", "cap_still")
 CAP_ARMS += ("developed_half",)
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
-FORECAST_ARMS += ("hold_watch", "warn_fall", "warn_fall_half")
+FORECAST_ARMS += ("hold_watch", "warn_fall", "warn_fall_half", "hold_waits")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
 PAIRS = (
     ("guarded", "reactive_only"),
@@ -199,6 +206,7 @@ PAIRS = (
     ("warn_fall", "reactive_only"),
     ("warn_fall_half", "reactive_only"),
     ("developed_half", "guarded"),
+    ("hold_waits", "reactive_only"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN

@@ -54,6 +54,7 @@ ARMS: dict[str, dict | None] = {
     "scale": {"warn_action": "scale"},
     "reactive": {"forecast_actions": False},
     "olmo_skips": {"outlier_z": 6.0},
+    "hold_waits": {"warn_rescue": False},
 }
 
 

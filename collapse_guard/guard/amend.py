@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar, verify
-from collapse_guard.guard.decision import GuardDecision, StepFacts, decide
+from collapse_guard.guard.decision import DEVELOPED, GuardDecision, StepFacts, decide
 from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
+from collapse_guard.guard.rescue import precursor
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.state import RunState, Trajectory
 from collapse_guard.guard.warn_hold import WarnHold
@@ -132,7 +133,7 @@ def with_rollback(
     paths = tuple(str(x) for x in ring.basin(p.average_span, p.average_loss_gap))
     if decision.reason.startswith("average_worse"):
         paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
-    if decision.reason == "online_collapse" and p.rewind_loss_gap:
+    if decision.reason in DEVELOPED and p.rewind_loss_gap:
         gap = worse_by(ring)
         if gap > p.rewind_loss_gap and _sound(ring.best()):
             events = (*decision.events, f"rewind:loss_gap={gap:.3g}")
@@ -212,6 +213,11 @@ class Decider:
             run, trajectory, loss, grad_norm, outliers=tuple(outliers), stale=stale,
             amp_overflow=overflow, lr_jump=lr_jumped(run.loop_lrs, policy), held=self.hold.on,
         )  # fmt: skip
+        if policy.warn_rescue and self.hold.on and not run.rescues:  # the forecast's rescue
+            # comes first or not at all: after a rollback the restored loss record still
+            # shows the rise, and the online label judges what comes next
+            rise = precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
+            facts = replace(facts, warned_rise=rise)
         action, self.forced = self.forced, None
         decision = forced(decide(facts, policy), action)
         if decision.checkpoint and not decision.rescue:

@@ -87,6 +87,7 @@ from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.predictor.core.levels import CRITICAL, OK, WARN, Level
 
 __all__ = [
+    "DEVELOPED",
     "GuardDecision",
     "StepFacts",
     "accepts_outliers",
@@ -94,6 +95,10 @@ __all__ = [
     "next_lr_multiplier",
     "outlier_z",
 ]
+
+
+# the rescues of a collapse that developed: the online label's, and a warn's precursor
+DEVELOPED = ("online_collapse", "warn_rise")
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class StepFacts:
     clean_steps: int = 0  # non-outlier steps in a row while in data-fault mode
     stale_gradients: str = ""  # why the gradients are not this step's ("": they are)
     held: bool = False  # the warn's hold is on (warn_hold.py), released part of the way or not
+    warned_rise: bool = False  # the hold is on and the loss shows a precursor (rescue.py),
+    # with GuardPolicy.warn_rescue: a developed collapse's rescue without the label's wait
 
     def __post_init__(self) -> None:
         if self.level in RISK_LEVELS:  # a level's name (a test, a replay): its Level
@@ -198,6 +205,8 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
         return "nonfinite_loss"
     if facts.collapse_online and not facts.data_fault:
         return "online_collapse"
+    if facts.warned_rise and not facts.data_fault:
+        return "warn_rise"
     if streak >= policy.max_skip_streak and skip == "nonfinite_grad":
         return f"skip_streak={streak}"
     if facts.after_rollback and facts.averaged_rollback and skip.startswith("loss_z"):

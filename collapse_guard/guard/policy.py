@@ -30,7 +30,7 @@ QK_CLIP_MODES: tuple[str, ...] = ("off", "always", "watch", "rescue")
 WARN_ACTIONS: tuple[str, ...] = ("scale", "hold")
 HOLD_RELEASES: tuple[str, ...] = ("watch", "warn")
 _CHOICES = {"qk_clip": QK_CLIP_MODES, "warn_action": WARN_ACTIONS, "hold_release": HOLD_RELEASES}
-_SWITCHES = ("forecast_actions", "cap_follows_schedule")  # the fields of a bool
+_SWITCHES = ("forecast_actions", "cap_follows_schedule", "warn_rescue")  # the fields of a bool
 
 
 @dataclass
@@ -181,6 +181,12 @@ class GuardPolicy:
     # of a warn or of a precursor (an open loss excursion: the online-collapse rule's; or
     # lr_lift_loss_rise), and that LR is remembered as the edge (never below the rescue's
     # own cap)
+    warn_rescue: bool = True  # while the warn's hold is on, a precursor of the loss
+    # (rescue.precursor) is a developed collapse's rescue at once (reason warn_rise), not
+    # after the online label's margin and 30 steps; before any other rescue only. On the
+    # rescue benchmark's 8 warned collapses (2026-12-06, Xeon) steps lost 209 against 1,000 for
+    # the reactive path alone and 1,488 for the hold alone, final -0.020 nats against the
+    # reactive path (median; 11 +0.437); no healthy run or ramp warned (benchmarks/README.md)
     warn_fall: float = 0.0  # the forecast's fall (rescue.warn_fall): while the warn's hold
     # is on, a precursor of the loss (rescue.precursor) caps the LR at this x the hold's
     # ceiling, as a rescue's cap without its rollback; 0 = off. Off by default: at 0.25, on

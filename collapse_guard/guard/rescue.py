@@ -33,7 +33,7 @@ import torch
 
 from collapse_guard.guard import ddp
 from collapse_guard.guard.checkpoints import save_atomic
-from collapse_guard.guard.decision import GuardDecision
+from collapse_guard.guard.decision import DEVELOPED, GuardDecision
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
@@ -92,7 +92,7 @@ def _caps(
 
 def _cap_factor(reason: str, policy: GuardPolicy) -> float:
     """The rescue cap's factor on the checkpoint's LR, by what the rescue was of."""
-    if reason == "online_collapse":
+    if reason in DEVELOPED:
         return policy.developed_rescue_lr
     return policy.jump_rescue_lr if reason.startswith("lr_jump") else policy.rescue_lr
 

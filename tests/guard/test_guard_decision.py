@@ -48,6 +48,7 @@ def test_a_z_of_3_5_is_not_an_outlier_below_critical_nor_an_amp_overflow():
     [
         ({"skip_streak": 2, "loss": math.nan}, "nonfinite_loss"),  # third non-finite
         ({"collapse_online": True}, "online_collapse"),
+        ({"warned_rise": True}, "warn_rise"),  # the loss rises under the warn's hold
         ({"skip_streak": 2, "grad_finite": False}, "skip_streak=3"),  # third non-finite
     ],
 )
@@ -166,3 +167,9 @@ def test_an_outlier_at_the_rings_average_rolls_back_to_the_newest_not_a_data_fau
     # a mean of checkpoints was never measured: it cannot tell the data from the model
     d = decide(facts(after_rollback=True, averaged_rollback=True, loss_z=12.0), POLICY)
     assert d.rescue and d.reason == "average_worse:loss_z=12.0" and not d.data_fault
+
+
+def test_a_rise_under_the_hold_in_data_fault_mode_is_no_rescue():
+    # bad data, not the model: rolling back cannot fix it (data-fault mode skips instead)
+    d = decide(facts(warned_rise=True, data_fault=True), POLICY)
+    assert not d.rescue and d.reason == ""

@@ -66,6 +66,8 @@ def test_a_developed_rescue_rolls_back_past_a_ring_that_trained_worse(tmp_path):
     decision = with_rollback(_rescue("online_collapse"), ring, GuardPolicy())
     assert _names(map(Path, decision.rollback_to)) == ["000200"]
     assert decision.rewind and decision.events == ("rewind:loss_gap=0.22",)
+    # the forecast's rescue (a rise under the warn's hold) is of a developed collapse too
+    assert with_rollback(_rescue("warn_rise"), ring, GuardPolicy()).rewind
     # a sudden collapse (non-finite losses) came from where the ring is: no rewind
     sudden = with_rollback(_rescue("nonfinite_loss"), ring, GuardPolicy())
     assert not sudden.rewind and len(sudden.rollback_to) == 3
@@ -87,15 +89,17 @@ def test_a_damaged_best_checkpoint_leaves_the_rescue_to_the_ring(tmp_path):
     ]  # fmt: skip
 
 
-def _drifting_run(tmp_path, gap: float) -> tuple[Guard, dict[int, dict], list[int]]:
+def _drifting_run(
+    tmp_path, gap: float, risk="off", warn_rescue: bool = True
+) -> tuple[Guard, dict[int, dict], list[int]]:
     """A real tiny GPT whose reported loss stands 0.2 nats higher from step 250 (a run
     that trains worse, healthy by every rule: under the label's 0.25 margin), then climbs
     0.02 a step from 330 until the online label rescues it. Returns the guard, the model's
     state right after each rescue and the rescues' steps."""
     model, optimizer = tiny_model(seed=0, lr=3e-3)
     loop = Loop(seed=0)
-    policy = {"qk_clip": "off", "rewind_loss_gap": gap}
-    guard = Guard(model, optimizer, tmp_path, risk="off", policy=policy, preflight=False)
+    policy = {"qk_clip": "off", "rewind_loss_gap": gap, "warn_rescue": warn_rescue}
+    guard = Guard(model, optimizer, tmp_path, risk=risk, policy=policy, preflight=False)
     after, rescues = {}, []
     for step in range(372):
         drift = 0.0 if step < 250 else 0.2 + max(0, step - 330) * 0.02
@@ -125,3 +129,16 @@ def test_under_the_gap_the_rescue_rolls_back_to_the_ring_as_before(tmp_path):
     assert rescues == [364]
     events = [e for s, e in guard.events if s == 364]
     assert "rollback:avg1@317" in events and not any(e.startswith("rewind") for e in events)
+
+
+@pytest.mark.parametrize("warn_rescue", [True, False])
+def test_a_rise_under_the_warns_hold_is_rescued_at_once(tmp_path, fixed_risk, warn_rescue):
+    # the same run held at warn from its first reading: the loss's step up at 250 is a
+    # precursor, and with warn_rescue the forecast rescues then, not at the label's 364
+    guard, _, rescues = _drifting_run(tmp_path, 0.15, fixed_risk("warn"), warn_rescue)
+    reasons = [e for s, e in guard.events if e.startswith("rescue:")]
+    if warn_rescue:
+        assert reasons[0] == "rescue:warn_rise" and 250 <= rescues[0] < 300
+        assert reasons[1:] == ["rescue:online_collapse"] * (len(reasons) - 1)  # once only
+    else:
+        assert reasons == ["rescue:online_collapse"] and len(rescues) == 1 and rescues[0] > 330

@@ -80,11 +80,12 @@ def test_a_loss_that_rises_under_the_hold_caps_the_lr_for_good_when_asked(
     tmp_path, fixed_risk, warn_fall
 ):
     # the hold stopped the rise and the loss rises still: the run cannot absorb the LR it
-    # holds. warn_fall caps it as a rescue would, with nothing rolled back
+    # holds. warn_fall caps it as a rescue would, with nothing rolled back (warn_rescue,
+    # the default, would rescue it first: test_rewind.py)
     model, opt = tiny_model()
     risk = fixed_risk("ok")
     quiet = {"outlier_z": 1e9, "critical_outlier_z": 1e9}  # the rise is no outlier skip
-    policy = {"risk_every": 1, "warn_fall": warn_fall, **quiet}
+    policy = {"risk_every": 1, "warn_fall": warn_fall, "warn_rescue": False, **quiet}
     guard, loop, in_force = Guard(model, opt, tmp_path, risk=risk, policy=policy), Loop(), []
     for step in range(90):
         for group in opt.param_groups:
