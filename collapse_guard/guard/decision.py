@@ -59,7 +59,10 @@ event                       meaning
 ``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
 ``checkpoint``              a healthy checkpoint written into the ring
 ``rescue:<reason>``         a rescue (``nonfinite_loss``: max_skip_streak in a row,
-                            ``online_collapse``, ...)
+                            ``online_collapse``, ``warn_rise``: the loss rose under the
+                            warn's hold, ``GuardPolicy.warn_rescue``, ...)
+``rewind:loss_gap=<nats>``  the ring trained worse than its best checkpoint by that much:
+                            the rescue rolls back to the best (``rewind_loss_gap``)
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
