@@ -113,12 +113,14 @@ class GuardPolicy:
     # watch); a 136k-parameter model saves in ~5 ms, <0.1% of 100 steps
     watch_checkpoint_gap: int = 20  # at `watch`, checkpoint if none in this many steps
     keep_checkpoints: int = 3  # the healthy ring; a rollback averages these (docs/design.md)
-    # (one more file on disk: the lowest-loss checkpoint written, kept for rewind_loss_gap)
-    # when they share a basin with the newest (checkpoints.py), both rules below holding:
+    # when they share a basin with the newest (checkpoints.py), both rules below holding
+    # (average_span, average_loss_gap; one more file sits on disk: the lowest-loss
+    # checkpoint written, kept for rewind_loss_gap):
     average_span: int = 300  # steps back from the newest; the default ring (3 checkpoints
     # 100 steps apart) spans 200, and a wider one was broken by skips or excursions
-    rewind_loss_gap: float = 0.15  # nats: a developed collapse's rescue (online_collapse)
-    # rolls back past the ring to the best checkpoint the ring wrote when the newest's
+    rewind_loss_gap: float = 0.15  # nats: a developed collapse's rescue (decision.DEVELOPED:
+    # the online label's, a warn's rise) rolls back past the ring to the best checkpoint the
+    # ring wrote when the newest's
     # recorded loss stands this far over the best's: the ring's checkpoints were healthy
     # by every rule yet trained worse (an LR past the edge that the loss slowly could not
     # absorb); 0 = off. Over the noise of a recorded loss (a mean of 20 batches: a few
