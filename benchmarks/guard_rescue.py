@@ -98,6 +98,8 @@ arm                   what
 ``cap_still``         ``guarded`` with the rescue's cap of before 2026-12-06: it stands
                       still as the loop's LR decays, and 0.5x after an LR jump
                       (``cap_follows_schedule=False``, ``jump_rescue_lr=0.5``)
+``no_rewind``         ``guarded`` whose rescues roll back to the ring alone, never to the
+                      lowest-loss checkpoint past it (``rewind_loss_gap=0``)
 ====================  ================================================================
 
 Every arm is labelled on its own losses (``label_run``). **Saved** = "healthy" (no
@@ -178,18 +180,19 @@ GUARD_POLICIES = {
     "developed_half": {"developed_rescue_lr": 0.5},
     "hold_waits": {"warn_rescue": False},
     "cap_still": {"cap_follows_schedule": False, "jump_rescue_lr": 0.5},
+    "no_rewind": {"rewind_loss_gap": 0.0},
 }
 PLAIN_ARMS = ("unguarded", "qk_alone", "safe_lr", "olmo", "zclip")
 ARMS = ("unguarded", "guarded", "guarded_no_qk", "guarded_qk_watch", "qk_alone", "safe_lr")
 ARMS += ("olmo", "zclip", "newest", "rescue_qk", "rescue_both", "rescue_quarter")
 ARMS += ("rescue_developed", "reactive_only", "guarded_scale", "lifting", "lifting_slow")
 ARMS += ("warn_quarter", "warn_quarter_slow", "skip_z6", "hold_watch", "warn_fall", "cap_still")
-ARMS += ("warn_fall_half", "developed_half", "hold_waits")
+ARMS += ("warn_fall_half", "developed_half", "hold_waits", "no_rewind")
 HALVES = ("develops", "sudden", "between")
 # the arms that differ from guarded only from an event on (same_as_guarded): a first
 # rescue, a first warn
 CAP_ARMS = ("rescue_quarter", "rescue_developed", "lifting", "lifting_slow", "cap_still")
-CAP_ARMS += ("developed_half",)
+CAP_ARMS += ("developed_half", "no_rewind")
 FORECAST_ARMS = ("reactive_only", "guarded_scale", "warn_quarter", "warn_quarter_slow")
 FORECAST_ARMS += ("hold_watch", "warn_fall", "warn_fall_half", "hold_waits")
 # the forecast's worth (issue 32): each arm's steps lost and final loss against another's
@@ -207,6 +210,7 @@ PAIRS = (
     ("warn_fall_half", "reactive_only"),
     ("developed_half", "guarded"),
     ("hold_waits", "reactive_only"),
+    ("guarded", "no_rewind"),
 )
 DEVELOPS_FROM = 50  # steps from trigger to onset: the issue's "develops over 50+ steps"
 SUDDEN_WITHIN = 10  # onset.SUDDEN_WITHIN

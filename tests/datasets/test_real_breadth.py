@@ -203,6 +203,29 @@ def test_muon_adamw_steps_as_torchs_muon_and_adamw_side_by_side():
     assert restored.state_dict()["muon"]["state"].keys() == ours.muon.state_dict()["state"].keys()
 
 
+def test_an_lr_set_after_a_restore_reaches_muon_and_adamw():
+    model = _tiny_drawn()
+    optimizer = build_optimizer(RealRunConfig(optimizer="muon", lr=0.02), model)
+    saved = optimizer.state_dict()
+    for group in optimizer.param_groups:
+        group["lr"] = 0.5  # the state's LR differs from the one set after the restore
+    optimizer.load_state_dict(saved)
+    stored = [g["lr"] for half in ("muon", "adamw") for g in saved[half]["param_groups"]]
+    assert [g["lr"] for g in optimizer.param_groups] == stored != [0.5] * len(stored)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0  # a rollback's cap, a schedule's step
+    assert [g["lr"] for g in optimizer.muon.param_groups + optimizer.adamw.param_groups] == [
+        0.0
+    ] * len(optimizer.param_groups)
+    x = torch.randint(0, 64, (4, 8))
+    before = [p.detach().clone() for p in model.parameters()]
+    _, loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    optimizer.step()
+    for old, new in zip(before, model.parameters(), strict=True):
+        torch.testing.assert_close(old, new)  # at LR 0 nothing moves, weight decay included
+
+
 def test_grouped_query_attention_is_multi_head_attention_with_shared_keys_and_values():
     torch.manual_seed(0)
     gqa = SelfAttention(16, 4, qk_norm=False, n_kv_head=2)  # 4 query heads, 2 kv heads

@@ -120,6 +120,15 @@ class MuonAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
+        # torch's load_state_dict gives each optimizer new group dicts: without this, an LR
+        # set on param_groups after a rollback reached neither (the guard's cap and the
+        # schedule froze at the checkpoint's LR in every rescued Muon run)
+        exposed = iter(self.param_groups)
+        for inner in (self.muon, self.adamw):
+            for index, loaded in enumerate(inner.param_groups):
+                group = next(exposed)
+                group.update(loaded)
+                inner.param_groups[index] = group
 
 
 class _UnionState(Mapping):
