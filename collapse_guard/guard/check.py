@@ -3,7 +3,8 @@
 :func:`scalar_loss` reads the loss or says why it cannot; :class:`GradientMarks` tells
 whether the gradients are this step's (a fresh backward); :class:`OnceWarnings` gives
 each of the guard's once-only warnings once; :func:`check_pair` tells a model and an
-optimizer that do not belong together.
+optimizer that do not belong together; :func:`lr_reaches` tells an optimizer whose
+``param_groups`` no longer set the LR it steps with.
 """
 
 from __future__ import annotations
@@ -11,13 +12,21 @@ from __future__ import annotations
 import numbers
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["GradientMarks", "OnceWarnings", "check_pair", "scalar_loss", "stale_text"]
+__all__ = [
+    "GradientMarks",
+    "OnceWarnings",
+    "check_pair",
+    "lr_reaches",
+    "lr_unreached_text",
+    "scalar_loss",
+    "stale_text",
+]
 
 _STALE = {
     "no_gradients": "every parameter's .grad is None: loss.backward() was not called",
@@ -124,3 +133,52 @@ def check_pair(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             UserWarning,
             stacklevel=4,  # the loop's Guard(...) call (through build_setup)
         )
+
+
+def lr_reaches(optimizer: Any) -> bool:
+    """Whether an LR set on ``optimizer.param_groups`` is the one its ``state_dict`` holds,
+    a wrapper's nested optimizers included. False for a wrapper that hands out its inner
+    optimizers' group dicts: torch's ``load_state_dict`` builds new ones inside, so after a
+    rollback the guard's cap (and the loop's schedule) would reach nothing. True where it
+    cannot tell: no groups in the state, or a state that cannot be read now."""
+    groups = optimizer.param_groups
+    kept = [group["lr"] for group in groups]
+    marks = [-1.0 - index for index in range(len(groups))]  # no real LR is negative
+    try:
+        for group, mark in zip(groups, marks, strict=True):
+            group["lr"] = mark
+        held = _group_lrs(optimizer.state_dict())
+    except Exception:  # advisory only: e.g. ZeRO's state_dict before its consolidation
+        return True
+    finally:
+        for group, lr in zip(groups, kept, strict=True):
+            group["lr"] = lr
+    return not held or all(mark in held for mark in marks)
+
+
+def _group_lrs(state: Any) -> list[Any]:
+    """The ``lr`` of every group of every ``param_groups`` list in a (nested) state dict:
+    a wrapper's may hold its optimizers' under keys or in a list."""
+    if isinstance(state, list | tuple):
+        return [lr for part in state for lr in _group_lrs(part)]
+    if not isinstance(state, Mapping):
+        return []
+    groups = state.get("param_groups")
+    groups = groups if isinstance(groups, list) else []
+    found = [group.get("lr") for group in groups if isinstance(group, Mapping)]
+    for key, value in state.items():
+        if key not in ("param_groups", "state"):  # "state": per-parameter tensors
+            found += _group_lrs(value)
+    return found
+
+
+def lr_unreached_text(step: int, optimizer: Any) -> str:
+    """The warning of an optimizer whose LR a rollback cut off (:func:`lr_reaches`)."""
+    return (
+        f"collapse-guard: step {step}: after the rollback restored "
+        f"{type(optimizer).__name__}, an LR set on its param_groups no longer reaches the "
+        "optimizer it steps with (its state_dict holds other groups): the guard's LR cap "
+        "and your schedule will not apply. A wrapper of several optimizers must keep the "
+        "dicts it exposes as param_groups through load_state_dict (docs/guard.md). "
+        "This warning is given once."
+    )

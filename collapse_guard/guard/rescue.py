@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from collapse_guard.guard import ddp
+from collapse_guard.guard.check import lr_reaches, lr_unreached_text
 from collapse_guard.guard.checkpoints import save_atomic
 from collapse_guard.guard.decision import DEVELOPED, GuardDecision
 from collapse_guard.guard.forensics import GradientHistory
@@ -149,6 +150,9 @@ class Rescuer:
         if decision.rollback_to:
             state = setup.ring.rollback_state(decision.rollback_to)
             training.load(state, keep_lr=True)  # the loop's LR stays
+            if not lr_reaches(training.optimizer):
+                said = lr_unreached_text(s, training.optimizer)
+                setup.once.warn("lr_unreached", said, stacklevel=4)
             trajectory.load_state_dict(state["guard"]["trajectory"])
             healthy_lr = trajectory.lr_in_force  # the newest checkpoint's
             run.averaged_rollback = state["averaged"] > 1
