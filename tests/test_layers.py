@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "collapse_guard"
 LAYERS = ("core", "evaluate", "training", "lifecycle", "cli")  # each imports only those before
 SIDES = ("client", "middleware", "server")  # service/'s, each imports only those before
 # part -> the parts it may import; shared leaves (errors, signals, _config, ...) are open to all
-LEAVES = {"errors", "signals", "_config", "_durable", "_scheduler"}
+LEAVES = {"errors", "signals", "_config", "_durable", "_scheduler", "_chained"}
 ALLOWED: Mapping[str, set[str]] = {
     "runfiles": set(),
     "features": set(),

@@ -106,14 +106,20 @@ def _kind(optimizer: torch.optim.Optimizer) -> str | None:
 
 def optimizer_parts(optimizer: object) -> list[tuple[str | None, object]]:
     """``[(kind, optimizer)]`` for each optimizer that steps parameters: the optimizer
-    itself when known, else the known optimizers it holds as attributes (``MuonAdamW``
-    holds ``muon`` and ``adamw``), else ``[(None, optimizer)]``."""
+    itself when known, else the known optimizers it holds as attributes or in a list or
+    tuple attribute (a ``ChainedOptimizer``'s ``optimizers``: ``MuonAdamW``'s Muon and
+    AdamW), else ``[(None, optimizer)]``."""
     kind = _kind(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     if kind is not None:
         return [(kind, optimizer)]
+    held = [
+        item
+        for value in getattr(optimizer, "__dict__", {}).values()
+        for item in (value if isinstance(value, list | tuple) else (value,))
+    ]
     inner = [
         part
-        for value in getattr(optimizer, "__dict__", {}).values()
+        for value in held
         if isinstance(value, torch.optim.Optimizer) and value is not optimizer
         for part in optimizer_parts(value)
     ]

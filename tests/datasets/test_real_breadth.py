@@ -200,7 +200,8 @@ def test_muon_adamw_steps_as_torchs_muon_and_adamw_side_by_side():
     assert len(ours.state) == len(list(model.parameters()))  # both halves' state
     restored = build_optimizer(config, _tiny_drawn())
     restored.load_state_dict(ours.state_dict())
-    assert restored.state_dict()["muon"]["state"].keys() == ours.muon.state_dict()["state"].keys()
+    muon_state = restored.state_dict()["optimizers"][0]["state"]
+    assert muon_state.keys() == ours.muon.state_dict()["state"].keys()
 
 
 def test_an_lr_set_after_a_restore_reaches_muon_and_adamw():
@@ -210,7 +211,7 @@ def test_an_lr_set_after_a_restore_reaches_muon_and_adamw():
     for group in optimizer.param_groups:
         group["lr"] = 0.5  # the state's LR differs from the one set after the restore
     optimizer.load_state_dict(saved)
-    stored = [g["lr"] for half in ("muon", "adamw") for g in saved[half]["param_groups"]]
+    stored = [g["lr"] for half in saved["optimizers"] for g in half["param_groups"]]
     assert [g["lr"] for g in optimizer.param_groups] == stored != [0.5] * len(stored)
     for group in optimizer.param_groups:
         group["lr"] = 0.0  # a rollback's cap, a schedule's step

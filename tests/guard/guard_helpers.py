@@ -11,7 +11,7 @@ import torch
 
 from collapse_guard.datasets.real.models.gpt import GPT, GPTConfig
 
-__all__ = ["Loop", "ddp_guarded", "tiny_model"]
+__all__ = ["Loop", "ddp_guarded", "nan_weight_run", "tiny_model"]
 
 VOCAB, SEQ = 32, 16
 
@@ -43,6 +43,27 @@ class Loop:
         _, loss = model(x, y)
         loss.backward()
         return loss
+
+
+def nan_weight_run(model, optimizer, folder, steps: int = 100) -> tuple[list[int], list]:
+    """A guarded run of ``model`` (from ``tiny_model(seed=1)``) whose head weight turns NaN
+    at step 90, so every loss is NaN and the guard rescues at 92: the steps rescued, and
+    every warning given."""
+    from collapse_guard.guard import Guard
+
+    loop = Loop(seed=1)
+    guard = Guard(model, optimizer, folder, risk="off", policy={"checkpoint_every": 20})
+    rescues = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            if step == 90:
+                with torch.no_grad():
+                    model.head.weight[0, 0] = float("nan")
+            rescues += [step] if guard.step(loop.loss(model)).rescue else []
+            optimizer.zero_grad()
+    guard.close()
+    return rescues, list(caught)
 
 
 @contextmanager

@@ -4,15 +4,11 @@ the guard's cap then reaches nothing. The guard says so once, at the rollback.""
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import pytest
 import torch
-from guard_helpers import Loop, tiny_model
+from guard_helpers import nan_weight_run, tiny_model
 
 from collapse_guard.datasets.real.optim import MuonAdamW
-from collapse_guard.guard import Guard
 from collapse_guard.guard.check import lr_reaches
 
 
@@ -69,19 +65,7 @@ def test_an_lr_that_reaches_the_stepped_groups_is_told_from_one_that_does_not():
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_rollback_that_cuts_the_lr_off_is_said_once(tmp_path, wrapped):
     model, adamw = tiny_model(seed=1)
-    optimizer = _two_halves(model) if wrapped else adamw
-    loop = Loop(seed=1)
-    guard = Guard(model, optimizer, tmp_path, risk="off", policy={"checkpoint_every": 20})
-    rescues = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step in range(100):
-            if step == 90:
-                with torch.no_grad():
-                    model.head.weight[0, 0] = math.nan  # every loss NaN: a rescue at 92
-            rescues += [step] if guard.step(loop.loss(model)).rescue else []
-            optimizer.zero_grad()
-    guard.close()
+    rescues, caught = nan_weight_run(model, _two_halves(model) if wrapped else adamw, tmp_path)
     said = [w for w in caught if "no longer reaches" in str(w.message)]
     assert rescues == [92]
     assert len(said) == (1 if wrapped else 0)

@@ -28,9 +28,9 @@ schedules mean the same for it as for AdamW.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
+
+from collapse_guard._chained import ChainedOptimizer
 
 __all__ = ["Lion", "MuonAdamW", "build_optimizer"]
 
@@ -80,13 +80,13 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(ChainedOptimizer):
     """torch's Muon on ``muon_groups``, AdamW on ``adamw_groups``, stepped as one optimizer.
 
-    Its ``param_groups`` are the two optimizers' own group dicts (Muon's first), so an
-    LR set on them reaches both; ``state`` is the union of the two states, and
-    ``state_dict`` holds both. Muon's momentum is ``momentum`` (Nesterov), AdamW's
-    betas ``betas``.
+    A ``ChainedOptimizer`` of the two (``collapse_guard._chained``): its ``param_groups``
+    are the two optimizers' own group dicts (Muon's first), so an LR set on them reaches
+    both, after a restore too; ``state`` is the union of the two states.
+    Muon's momentum is ``momentum`` (Nesterov), AdamW's betas ``betas``.
     """
 
     def __init__(
@@ -99,56 +99,18 @@ class MuonAdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
     ):
-        self.muon = torch.optim.Muon(
-            muon_groups, lr=lr, momentum=momentum, adjust_lr_fn="match_rms_adamw"
+        super().__init__(
+            torch.optim.Muon(muon_groups, lr=lr, momentum=momentum, adjust_lr_fn="match_rms_adamw"),
+            torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, fused=True),
         )
-        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, fused=True)
-        # the same dicts: torch's add_param_group keeps the dict it is given
-        super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
-        self.state = _UnionState(self.muon.state, self.adamw.state)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = _closure_loss(closure)
-        self.muon.step()
-        self.adamw.step()
-        return loss
+    @property
+    def muon(self) -> torch.optim.Optimizer:
+        return self.optimizers[0]
 
-    def state_dict(self) -> dict:
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.muon.load_state_dict(state_dict["muon"])
-        self.adamw.load_state_dict(state_dict["adamw"])
-        # torch's load_state_dict gives each optimizer new group dicts: without this, an LR
-        # set on param_groups after a rollback reached neither (the guard's cap and the
-        # schedule froze at the checkpoint's LR in every rescued Muon run)
-        exposed = iter(self.param_groups)
-        for inner in (self.muon, self.adamw):
-            for index, loaded in enumerate(inner.param_groups):
-                group = next(exposed)
-                group.update(loaded)
-                inner.param_groups[index] = group
-
-
-class _UnionState(Mapping):
-    """Read view of two optimizers' states (their parameters are disjoint); not a ChainMap,
-    whose lookup would add an empty entry to the first one, a ``defaultdict``."""
-
-    def __init__(self, *states: dict):
-        self._states = states
-
-    def __getitem__(self, param):
-        for state in self._states:
-            if param in state:
-                return state[param]
-        raise KeyError(param)
-
-    def __iter__(self):
-        return (param for state in self._states for param in state)
-
-    def __len__(self) -> int:
-        return sum(len(state) for state in self._states)
+    @property
+    def adamw(self) -> torch.optim.Optimizer:
+        return self.optimizers[1]
 
 
 def _hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
