@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["ChainedOptimizer"]
+__all__ = ["ChainedOptimizer", "closure_loss"]
 
 
 class ChainedOptimizer(torch.optim.Optimizer):
@@ -40,10 +40,7 @@ class ChainedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for optimizer in self.optimizers:
             optimizer.step()
         return loss
@@ -72,6 +69,14 @@ class ChainedOptimizer(torch.optim.Optimizer):
                 group = next(exposed)
                 group.update(loaded)
                 optimizer.param_groups[index] = group
+
+
+def closure_loss(closure) -> torch.Tensor | None:
+    """``closure()`` with gradients on, as ``torch.optim`` optimizers call it; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class _UnionState(Mapping):

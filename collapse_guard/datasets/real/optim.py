@@ -30,17 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from collapse_guard._chained import ChainedOptimizer
+from collapse_guard._chained import ChainedOptimizer, closure_loss
 
 __all__ = ["Lion", "MuonAdamW", "build_optimizer"]
-
-
-def _closure_loss(closure) -> torch.Tensor | None:
-    """``closure()`` with gradients on, as ``torch.optim`` optimizers call it; None without one."""
-    if closure is None:
-        return None
-    with torch.enable_grad():
-        return closure()
 
 
 class Lion(torch.optim.Optimizer):
@@ -61,7 +53,7 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = _closure_loss(closure)
+        loss = closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, decay = group["lr"], group["weight_decay"]
