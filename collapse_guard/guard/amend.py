@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar, verify
-from collapse_guard.guard.decision import DEVELOPED, GuardDecision, StepFacts, decide
+from collapse_guard.guard.decision import DEVELOPED, GuardDecision, StepFacts, decide, is_healthy
 from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.rescue import precursor
@@ -29,6 +29,7 @@ __all__ = [
     "checkable",
     "forced",
     "gather_facts",
+    "healthy_before_jump",
     "nonfinite_param",
     "nonfinite_text",
     "with_rollback",
@@ -110,6 +111,16 @@ def nonfinite_param(params: Sequence[torch.Tensor]) -> int | None:
     return None if bool(finite.all()) else int((~finite).nonzero()[0])
 
 
+def healthy_before_jump(run: RunState, policy: GuardPolicy, params: Sequence[torch.Tensor]) -> bool:
+    """The weights before an LR jump make a healthy checkpoint: the last steps were quiet
+    and trained (not at weights a rollback restored, not in data-fault mode), every
+    parameter finite: what a due checkpoint asks (``decide``, :func:`checkable`)."""
+    fit = is_healthy(run.quiet_steps, run.level, policy)
+    if not fit or run.after_rollback or run.data_fault:
+        return False
+    return nonfinite_param(params) is None
+
+
 def checkable(decision: GuardDecision, name: str | None) -> GuardDecision:
     """``decision`` without its checkpoint where parameter ``name`` is not finite: a NaN in
     a tensor the forward never reads (an unused embedding row) harms no loss, so no other
@@ -124,15 +135,23 @@ def checkable(decision: GuardDecision, name: str | None) -> GuardDecision:
 
 
 def with_rollback(
-    decision: GuardDecision, ring: CheckpointRing, policy: GuardPolicy
+    decision: GuardDecision,
+    ring: CheckpointRing,
+    policy: GuardPolicy,
+    jump_checkpoint: int | None = None,
 ) -> GuardDecision:
     """A rescue names the checkpoints it averages (every DDP rank reads the same files):
     those that share a basin with the newest; the newest alone after an average was worse;
-    the ring's best alone when a developed collapse's ring trained worse (:func:`worse_by`)."""
+    an LR jump's, the checkpoint written before the jump alone (``jump_checkpoint``, its
+    step; the ring's as before where it is gone); the ring's best alone when a developed
+    collapse's ring trained worse (:func:`worse_by`)."""
     p = policy
     paths = tuple(str(x) for x in ring.basin(p.average_span, p.average_loss_gap))
     if decision.reason.startswith("average_worse"):
         paths = paths[-1:]  # the newest checkpoint alone: weights measured healthy
+    before = ring.at(jump_checkpoint)
+    if decision.reason.startswith("lr_jump") and before is not None:
+        paths = (str(before),)  # the weights before the jump broke them: nothing else to undo
     if decision.reason in DEVELOPED and p.rewind_loss_gap:
         gap = worse_by(ring)
         if gap > p.rewind_loss_gap and _sound(ring.best()):
@@ -164,9 +183,8 @@ def worse_by(ring: CheckpointRing) -> float:
     paths, best = ring.paths(), ring.best()
     if not paths or best is None or best == paths[-1]:
         return 0.0
-    newest, lowest = (read_sidecar(x) or {} for x in (paths[-1], best))
-    known = all(isinstance(info.get("loss"), float) for info in (newest, lowest))
-    return newest["loss"] - lowest["loss"] if known else 0.0
+    newest = (read_sidecar(paths[-1]) or {}).get("loss")  # the ring keeps only the best's
+    return newest - ring.best_loss() if isinstance(newest, float) else 0.0
 
 
 def nonfinite_text(step: int, name: str) -> str:
@@ -227,5 +245,5 @@ class Decider:
                 setup.once.warn("nonfinite_param", nonfinite_text(decision.step, name), 3)
             decision = checkable(decision, name)
         if decision.rescue:
-            decision = with_rollback(decision, setup.ring, policy)
+            decision = with_rollback(decision, setup.ring, policy, run.jump_checkpoint)
         return decision

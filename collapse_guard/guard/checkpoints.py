@@ -380,8 +380,18 @@ class CheckpointRing:
         path.unlink(missing_ok=True)
         sidecar(path).unlink(missing_ok=True)
 
+    def path_of(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is (or would be) written."""
+        return self.folder / f"guard-{step:09d}.pt"
+
+    def at(self, step: int | None) -> Path | None:
+        """The ring's checkpoint of ``step`` (the step a resume from it continues at),
+        None where the ring holds none."""
+        path = self.path_of(step) if step is not None else None
+        return path if path in self.paths() else None
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        path = self.folder / f"guard-{step:09d}.pt"
+        path = self.path_of(step)
         _save_verified({"format": FORMAT, "step": int(step), **state}, path)
         self._mine = [p for p in self._mine if p != path] + [path]
         stale = self._mine[: -self.keep]
@@ -399,6 +409,10 @@ class CheckpointRing:
         """The checkpoint of the lowest recorded loss the ring wrote, kept after it left
         the ring (a rollback past a ring that trained worse: ``rewind``)."""
         return self._best[0] if self._best is not None else None
+
+    def best_loss(self) -> float:
+        """The recorded loss of :meth:`best` (NaN: none)."""
+        return self._best[1] if self._best is not None else math.nan
 
     def rewind(self) -> list[str]:
         """Go back to the best checkpoint: the ring's newer ones belong to a trajectory

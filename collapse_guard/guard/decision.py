@@ -38,7 +38,9 @@ The order of the rules is the order of their urgency::
               as OK); at warn the LR is held (``warn_action="hold"``, the default:
               the applier's WarnHold, warn_hold.py), or scaled (``"scale"``)
     keep      a healthy step checkpoints every checkpoint_every steps, and at watch
-              or above, or while the warn's hold is on, when none is recent
+              or above, or while the warn's hold is on, when none is recent; the
+              guard checkpoints a healthy state before the update of a jump of the
+              loop's LR (guard.py), and a rescue of that jump rolls back to it alone
 
 The events a step can carry (the run file's ``event`` column, ``;``-joined):
 
@@ -58,6 +60,10 @@ event                       meaning
 ``lr_hold:off``             the hold, released as the risk fell, reached the loop's LR
 ``clip_layers:<n>``         ``n`` outlier tensors clipped at warn or above
 ``checkpoint``              a healthy checkpoint written into the ring
+``checkpoint:before_jump``  the loop's LR jumped at this step (``lr_jump_ratio``): the
+                            weights before its update are in the ring (written then, or
+                            the last step's checkpoint); a rescue of the jump rolls back
+                            to them alone
 ``rescue:<reason>``         a rescue (``nonfinite_loss``: max_skip_streak in a row,
                             ``online_collapse``, ``warn_rise``: the loss rose under the
                             warn's hold, ``GuardPolicy.warn_rescue``, ...)
@@ -95,6 +101,7 @@ __all__ = [
     "StepFacts",
     "accepts_outliers",
     "decide",
+    "is_healthy",
     "next_lr_multiplier",
     "outlier_z",
 ]
@@ -175,6 +182,11 @@ class GuardDecision:
             data[key] = tuple(data.get(key, ()))
         data["level"] = Level.parse(data.get("level", OK))
         return cls(**data)
+
+
+def is_healthy(quiet_steps: int, level: Level, policy: GuardPolicy) -> bool:
+    """A state fit for a checkpoint: ``healthy_quiet_steps`` quiet steps, not critical."""
+    return quiet_steps >= policy.healthy_quiet_steps and level != CRITICAL
 
 
 def outlier_z(level: Level, policy: GuardPolicy) -> float:
@@ -285,7 +297,7 @@ def decide(facts: StepFacts, policy: GuardPolicy) -> GuardDecision:
     layers = facts.layer_outliers if policy.acting_level(facts.level) >= WARN else ()
     if layers:
         events.append(f"clip_layers:{len(layers)}")
-    healthy = facts.quiet_steps >= policy.healthy_quiet_steps and facts.level != CRITICAL
+    healthy = is_healthy(facts.quiet_steps, facts.level, policy)
     due = policy.checkpoint_every and facts.since_checkpoint >= policy.checkpoint_every
     # a held run was warned: its risk falls as the hold stops the LR's rise (the model reads
     # the rise), not because the collapse went away; keep the watch's cadence until it is off

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from collapse_guard.guard import check, ddp, measure
-from collapse_guard.guard.amend import Decider, gather_facts
+from collapse_guard.guard.amend import Decider, gather_facts, healthy_before_jump
 from collapse_guard.guard.apply import Applier
 from collapse_guard.guard.decision import GuardDecision
 from collapse_guard.guard.keep import guard_state, load_guard_state, resume_run, save_checkpoint
@@ -190,7 +190,10 @@ class Guard:
         run, trajectory, amp = self.run, self.trajectory, measure.amp_enabled(self.scaler)
         discard = self._sync.take_discard()  # a deferred rescue rolled back after this backward
         stale = self._marks.stale(self.params) or discard  # before unscale_ writes the grads
-        run.loop_lrs.append(float(self.optimizer.param_groups[0]["lr"]))
+        loop_lr = float(self.optimizer.param_groups[0]["lr"])
+        if measure.jump_starts(run.loop_lrs, loop_lr, self.policy):
+            self._checkpoint_before_jump()
+        run.loop_lrs.append(loop_lr)
         self._poll()
         measure.unscale(self.scaler, self.optimizer)
         lr_jump = measure.lr_jumped(run.loop_lrs, self.policy)
@@ -302,6 +305,8 @@ class Guard:
         hold, trajectory = self._apply.hold, self.trajectory
         events = [*decision.events, *clipped, *self._rescue.lift(decision, run, trajectory)]
         events += self._rescue.fall(decision, run, trajectory, hold)
+        if run.jump_checkpoint == s:  # written before this step's update (step())
+            events.append("checkpoint:before_jump")
         run.qk_clips += sum(e.startswith("qk_clip:") for e in clipped)  # less the hold's
         tally(decision, record, run, self.trajectory)
         if decision.rescue:
@@ -326,6 +331,18 @@ class Guard:
             save_checkpoint(self.ring, self._writer, run.step_index, self.training, state, losses)
         run.checkpoints += 1
         run.last_checkpoint = run.step_index - 1  # called after step_index moved on
+
+    def _checkpoint_before_jump(self) -> None:
+        """The loop's LR jumps at this step: the weights are still the schedule's. A
+        healthy run keeps them (no update yet: the state after the last step), so that a
+        rescue of the jump undoes the jump alone, not the ring's last 100 steps."""
+        run = self.run
+        run.jump_checkpoint = None  # an older jump's is no state before this one
+        if run.last_checkpoint != run.step_index - 1:  # the last step's is this state
+            if not healthy_before_jump(run, self.policy, self.params):
+                return
+            self._checkpoint()
+        run.jump_checkpoint = run.step_index
 
     # ----------------------------------------------------------------- close
     def summary(self) -> dict[str, Any]:

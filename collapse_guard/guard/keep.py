@@ -95,7 +95,7 @@ def save_checkpoint(
     file's rows up to it are made durable first. A disk that refuses either (full, gone)
     does not stop training: the checkpoint is not written, said once (:func:`_unwritten`),
     and tried again at the next one; returns the path, or None when it was not written."""
-    path = ring.folder / f"guard-{step:09d}.pt"
+    path = ring.path_of(step)
     if writer is not None:
         writer.flush()  # the guard's writer keeps its rows when the disk refuses them
         if not getattr(writer, "durable", True):

@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
-from collapse_guard.guard.reactive import lr_jumped  # the LR-jump rule lives there
+from collapse_guard.guard.reactive import jump_starts, lr_jumped  # the LR-jump rule lives there
 
 __all__ = [
     "amp_enabled",
     "amp_overflow",
     "clip_coefficient",
     "host_floats",
+    "jump_starts",
     "lr_jumped",
     "tensor_norms",
     "trainable",

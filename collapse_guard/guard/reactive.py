@@ -26,7 +26,7 @@ from typing import Any
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.runfiles.label import LabelRule
 
-__all__ = ["OnlineLabel", "OutlierHistory", "lr_jumped"]
+__all__ = ["OnlineLabel", "OutlierHistory", "jump_starts", "lr_jumped"]
 
 
 def lr_jumped(loop_lrs: Sequence[float], policy: GuardPolicy) -> bool:
@@ -37,6 +37,16 @@ def lr_jumped(loop_lrs: Sequence[float], policy: GuardPolicy) -> bool:
     lrs, span = list(loop_lrs), policy.lr_jump_span
     first = max(span, len(lrs) - policy.lr_jump_steps)
     return any(lrs[i] > policy.lr_jump_ratio * lrs[i - span] for i in range(first, len(lrs)))
+
+
+def jump_starts(loop_lrs: Sequence[float], lr: float, policy: GuardPolicy) -> bool:
+    """The loop's LR ``lr`` of the step about to be taken starts a jump (:func:`lr_jumped`
+    over ``loop_lrs`` and ``lr``), and none of the last ``lr_jump_steps`` steps did: the
+    weights are still the schedule's, not yet the jump's (a 1-5 step re-warm starts once)."""
+    span = policy.lr_jump_span
+    if len(loop_lrs) < span or lr <= policy.lr_jump_ratio * loop_lrs[-span]:
+        return False
+    return not lr_jumped(loop_lrs, policy)
 
 
 class OutlierHistory:

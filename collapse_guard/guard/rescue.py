@@ -150,7 +150,7 @@ class Rescuer:
         if decision.rollback_to:
             state = setup.ring.rollback_state(decision.rollback_to)
             training.load(state, keep_lr=True)  # the loop's LR stays
-            if not lr_reaches(training.optimizer):
+            if setup.once.wants("lr_unreached") and not lr_reaches(training.optimizer):
                 said = lr_unreached_text(s, training.optimizer)
                 setup.once.warn("lr_unreached", said, stacklevel=4)
             trajectory.load_state_dict(state["guard"]["trajectory"])

@@ -120,6 +120,8 @@ class RunState:
     quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
     last_checkpoint: int = -(10**9)  # step of the last one; none yet: the first healthy
     # step writes one
+    jump_checkpoint: int | None = None  # the ring checkpoint (its resume step) written
+    # before the loop's last LR jump: an LR jump's rescue rolls back to it alone
     # where the last risk reading came from ("embedded", "service", "fallback"), and the
     # version of the model that scored it (RiskReading)
     risk_source: str = ""
