@@ -101,12 +101,8 @@ class OnceWarnings:
         self.rank = rank
         self._given: set[str] = set()
 
-    def wants(self, key: str) -> bool:
-        """Warning ``key`` is still to be said here (a check behind it is worth its cost)."""
-        return self.rank == 0 and key not in self._given
-
     def warn(self, key: str, message: str, stacklevel: int) -> None:
-        if not self.wants(key):
+        if key in self._given or self.rank != 0:
             return
         self._given.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)

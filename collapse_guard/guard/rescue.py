@@ -126,6 +126,8 @@ class Rescuer:
 
     def __init__(self, setup: GuardSetup) -> None:
         self.setup = setup
+        self.lr_reached = True  # till a rollback's LR did not (check.lr_reaches): every
+        # rank checks alike, as an optimizer's state_dict may be a collective
 
     def __call__(
         self, decision: GuardDecision, norms: torch.Tensor, run: RunState, trajectory: Trajectory
@@ -150,7 +152,8 @@ class Rescuer:
         if decision.rollback_to:
             state = setup.ring.rollback_state(decision.rollback_to)
             training.load(state, keep_lr=True)  # the loop's LR stays
-            if setup.once.wants("lr_unreached") and not lr_reaches(training.optimizer):
+            if self.lr_reached and not lr_reaches(training.optimizer):
+                self.lr_reached = False
                 said = lr_unreached_text(s, training.optimizer)
                 setup.once.warn("lr_unreached", said, stacklevel=4)
             trajectory.load_state_dict(state["guard"]["trajectory"])
