@@ -37,6 +37,16 @@ class ChainedOptimizer(torch.optim.Optimizer):
         # the same dicts: torch's add_param_group keeps the dict it is given
         super().__init__([group for o in optimizers for group in o.param_groups], {})
         self.state = _UnionState(*(o.state for o in optimizers))
+        self._built = True  # torch's __init__ adds the groups above through add_param_group
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_built", False):  # a group of the chain's own: no optimizer steps it
+            raise TypeError(
+                "ChainedOptimizer.add_param_group: the chain steps no group of its own, so "
+                "these parameters would never train; add the group to one of the optimizers "
+                "(optimizer.add_param_group(group)) and build the chain from them again"
+            )
+        super().add_param_group(param_group)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -60,6 +60,17 @@ def test_an_lr_set_after_a_restore_reaches_every_optimizer():
         ChainedOptimizer(torch.nn.Linear(2, 2))
 
 
+def test_a_group_added_to_the_chain_itself_is_refused():
+    model, _ = tiny_model()
+    chain = _chain(model)
+    extra = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(TypeError, match="would never train; add the group to one of"):
+        chain.add_param_group({"params": [extra]})
+    assert len(chain.param_groups) == 2  # the chain is as it was
+    chain.optimizers[1].add_param_group({"params": [extra]})
+    assert len(ChainedOptimizer(*chain.optimizers).param_groups) == 3
+
+
 def test_a_guarded_chain_is_rescued_and_its_cap_reaches_both_optimizers(tmp_path):
     model, _ = tiny_model(seed=1)
     chain = _chain(model)
