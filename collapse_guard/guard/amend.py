@@ -20,7 +20,7 @@ from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.rescue import precursor
 from collapse_guard.guard.setup import GuardSetup
 from collapse_guard.guard.state import RunState, Trajectory
-from collapse_guard.guard.warn_hold import WarnHold
+from collapse_guard.guard.warn_hold import HoldStall, WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
 __all__ = [
@@ -205,6 +205,7 @@ class Decider:
     def __init__(self, setup: GuardSetup, hold: WarnHold) -> None:
         self.setup, self.hold = setup, hold  # the applier's hold: read, never moved here
         self.forced: str | None = None  # the next step's action (``force_next``)
+        self.stall = HoldStall()
 
     def force(self, action: str) -> None:
         if action not in FORCEABLE:
@@ -231,11 +232,15 @@ class Decider:
             run, trajectory, loss, grad_norm, outliers=tuple(outliers), stale=stale,
             amp_overflow=overflow, lr_jump=lr_jumped(run.loop_lrs, policy), held=self.hold.on,
         )  # fmt: skip
-        if policy.warn_rescue and self.hold.on and not run.rescues:  # the forecast's rescue
-            # comes first or not at all: after a rollback the restored loss record still
-            # shows the rise, and the online label judges what comes next
+        warned = policy.warn_rescue and self.hold.on and not run.rescues  # the forecast's
+        # rescue comes first or not at all: after a rollback the restored loss record still
+        # shows the rise, and the online label judges what comes next
+        binds = bool(run.loop_lrs) and run.loop_lrs[-1] > self.hold.ceiling  # a rise stopped
+        smoothed = trajectory.online.smoothed if warned and binds else math.nan  # NaN: none
+        stall = self.stall.update(run.step_index, smoothed, policy)
+        if warned:
             rise = precursor(trajectory.online, trajectory.loss_history, run.step_index, policy)
-            facts = replace(facts, warned_rise=rise)
+            facts = replace(facts, warned_rise=rise, warned_stall=stall)
         action, self.forced = self.forced, None
         decision = forced(decide(facts, policy), action)
         if decision.checkpoint and not decision.rescue:

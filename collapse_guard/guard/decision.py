@@ -66,7 +66,9 @@ event                       meaning
                             to them alone
 ``rescue:<reason>``         a rescue (``nonfinite_loss``: max_skip_streak in a row,
                             ``online_collapse``, ``warn_rise``: the loss rose under the
-                            warn's hold, ``GuardPolicy.warn_rescue``, ...)
+                            warn's hold, ``GuardPolicy.warn_rescue``; ``warn_stall``: it
+                            stopped falling under a hold that stopped a rise,
+                            ``warn_stall_steps``, ...)
 ``rewind:loss_gap=<nats>``  the ring trained worse than its best checkpoint by that much:
                             the rescue rolls back to the best (``rewind_loss_gap``)
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
@@ -107,8 +109,8 @@ __all__ = [
 ]
 
 
-# the rescues of a collapse that developed: the online label's, and a warn's precursor
-DEVELOPED = ("online_collapse", "warn_rise")
+# the rescues of a collapse that developed: the online label's, a warn's precursor or stall
+DEVELOPED = ("online_collapse", "warn_rise", "warn_stall")
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ class StepFacts:
     held: bool = False  # the warn's hold is on (warn_hold.py), released part of the way or not
     warned_rise: bool = False  # the hold is on and the loss shows a precursor (rescue.py),
     # with GuardPolicy.warn_rescue: a developed collapse's rescue without the label's wait
+    warned_stall: bool = False  # the hold is on and the smoothed loss stopped falling under
+    # it (warn_hold.HoldStall), with GuardPolicy.warn_rescue: a developed collapse's rescue
 
     def __post_init__(self) -> None:
         if self.level in RISK_LEVELS:  # a level's name (a test, a replay): its Level
@@ -222,6 +226,8 @@ def _rescue_reason(facts: StepFacts, policy: GuardPolicy) -> str:
         return "online_collapse"
     if facts.warned_rise and not facts.data_fault:
         return "warn_rise"
+    if facts.warned_stall and not facts.data_fault:
+        return "warn_stall"
     if streak >= policy.max_skip_streak and skip == "nonfinite_grad":
         return f"skip_streak={streak}"
     if facts.after_rollback and facts.averaged_rollback and skip.startswith("loss_z"):

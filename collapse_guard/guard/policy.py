@@ -197,6 +197,16 @@ class GuardPolicy:
     # nats median where both saved, the demo 2.545 with no rescue (2.596 with one); but 36
     # ended over its bigram (best 2.416 against 2.413), and the whole benchmark, the ramps
     # and the README's demo were not redone with it (benchmarks/README.md, "Guard rescue")
+    warn_stall_steps: int = 100  # while the warn's hold is on, the smoothed loss must fall
+    # by warn_stall_gain every this many steps; where it does not, the run stalls at the LR
+    # it holds (an LR at its edge trains no further) and it is a developed collapse's rescue
+    # (reason warn_stall, warn_hold.HoldStall), as warn_rise's: before any other rescue,
+    # with warn_rescue only; 0 = off. A hold under which the loss stood still for 330 steps
+    # lost them all to the warn_rise rescue that came after (00802, issue 32); on the rescue
+    # benchmark's 27 warned configurations (2026-12-07, Xeon) 6 changed, 5 ended lower (11:
+    # 2.936 -> 2.669), one +0.031 (benchmarks/README.md, "Guard rescue")
+    warn_stall_gain: float = 0.02  # nats of the smoothed loss (the label's EWMA) a held run
+    # must gain per warn_stall_steps
     lr_edge_share: float = 0.7  # the cap rises no higher than this x the edge: the LR in
     # force when the run last fell back (a fall, or a second rescue: the LR it came at)
     lr_lift_loss_rise: float = 0.1  # nats of the smoothed loss (the label's EWMA) over its

@@ -20,6 +20,13 @@ The ceiling lives in the host's applier (apply.py) and a rollback keeps it, as i
 the rescues' cap; a checkpoint carries it (``Guard.state_dict()``'s ``run["lr_hold"]``), so
 a resumed run is held where it stopped; steps do not defer while it is on (deferred.py's
 device path knows only the rescues' cap).
+
+While the hold stops a rise (the loop's LR over the held one), the loss must go on falling:
+:class:`HoldStall` asks ``warn_stall_gain`` nats of the smoothed loss per ``warn_stall_steps``
+held steps, and a stretch without them is a rescue (``rescue:warn_stall``, amend.Decider,
+before any other rescue, as a rise under the hold is): a run that trains no further at the
+LR it was held at sits at its edge (decision 29 in docs/decisions.md). A hold that stops
+nothing (the schedule fell under it) leaves a flat loss alone: the LR in force is the loop's.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from dataclasses import dataclass
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.predictor.core.levels import Level
 
-__all__ = ["WarnHold"]
+__all__ = ["HoldStall", "WarnHold"]
 
 
 @dataclass
@@ -72,3 +79,30 @@ class WarnHold:
     def summary(self) -> dict[str, float | int]:
         """The guard summary's part: holds begun, and the ceiling now (inf: none)."""
         return {"lr_holds": self.holds, "lr_hold": self.ceiling}
+
+
+@dataclass
+class HoldStall:
+    """Whether the smoothed loss stopped falling under the warn's hold
+    (``GuardPolicy.warn_stall_steps``): the hold keeps the LR at its warn, and a run that
+    trains no further there sits at its edge. Each stretch of ``warn_stall_steps`` held
+    steps must gain ``warn_stall_gain`` nats on the stretch before; a stretch that did not
+    is a stall. Process-only (a resumed run starts its stretch over)."""
+
+    since: int = -1  # the step the stretch began at (-1: none, the hold is off)
+    loss: float = math.nan  # the smoothed loss then
+
+    def update(self, step: int, smoothed: float, policy: GuardPolicy) -> bool:
+        """Step ``step`` (``smoothed``: the label's EWMA of the loss under the hold; NaN:
+        no hold, or no loss to judge): whether a stretch ended without its gain."""
+        if not math.isfinite(smoothed) or not policy.warn_stall_steps:
+            self.since = -1
+            return False
+        if self.since < 0:
+            self.since, self.loss = step, smoothed
+            return False
+        if step - self.since < policy.warn_stall_steps:
+            return False
+        stalled = not smoothed < self.loss - policy.warn_stall_gain
+        self.since, self.loss = step, smoothed
+        return stalled

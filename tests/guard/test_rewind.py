@@ -66,8 +66,10 @@ def test_a_developed_rescue_rolls_back_past_a_ring_that_trained_worse(tmp_path):
     decision = with_rollback(_rescue("online_collapse"), ring, GuardPolicy())
     assert _names(map(Path, decision.rollback_to)) == ["000200"]
     assert decision.rewind and decision.events == ("rewind:loss_gap=0.22",)
-    # the forecast's rescue (a rise under the warn's hold) is of a developed collapse too
+    # the forecast's rescues (a rise, or a stall, under the warn's hold) are of a developed
+    # collapse too
     assert with_rollback(_rescue("warn_rise"), ring, GuardPolicy()).rewind
+    assert with_rollback(_rescue("warn_stall"), ring, GuardPolicy()).rewind
     # a sudden collapse (non-finite losses) came from where the ring is: no rewind
     sudden = with_rollback(_rescue("nonfinite_loss"), ring, GuardPolicy())
     assert not sudden.rewind and len(sudden.rollback_to) == 3
