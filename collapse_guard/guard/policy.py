@@ -202,9 +202,11 @@ class GuardPolicy:
     # it holds (an LR at its edge trains no further) and it is a developed collapse's rescue
     # (reason warn_stall, warn_hold.HoldStall), as warn_rise's: before any other rescue,
     # with warn_rescue only; 0 = off. A hold under which the loss stood still for 330 steps
-    # lost them all to the warn_rise rescue that came after (00802, issue 32); on the rescue
-    # benchmark's 27 warned configurations (2026-12-07, Xeon) 6 changed, 5 ended lower (11:
-    # 2.936 -> 2.669), one +0.031 (benchmarks/README.md, "Guard rescue")
+    # lost them all to the warn_rise rescue that came after (00802, issue 32). Only while the
+    # hold stops a rise (the loop's LR over the held one): in a late decay a loss gains less as
+    # a matter of course. On the rescue benchmark and its 130 unseen collapses (2026-12-07,
+    # Xeon) 9 of 190 configurations changed, 8 ended lower (11: 2.936 -> 2.669), 00691 +0.036
+    # (docs/decisions.md 29; benchmarks/README.md, "Guard rescue")
     warn_stall_gain: float = 0.02  # nats of the smoothed loss (the label's EWMA) a held run
     # must gain per warn_stall_steps
     lr_edge_share: float = 0.7  # the cap rises no higher than this x the edge: the LR in
