@@ -86,8 +86,9 @@ class HoldStall:
     """Whether the smoothed loss stopped falling under the warn's hold
     (``GuardPolicy.warn_stall_steps``): the hold keeps the LR at its warn, and a run that
     trains no further there sits at its edge. Each stretch of ``warn_stall_steps`` held
-    steps must gain ``warn_stall_gain`` nats on the stretch before; a stretch that did not
-    is a stall. Process-only (a resumed run starts its stretch over)."""
+    steps must end ``warn_stall_gain`` nats under the smoothed loss it began at; a stretch
+    that does not is a stall, and the next begins there. Process-only (a resumed run starts
+    its stretch over)."""
 
     since: int = -1  # the step the stretch began at (-1: none, the hold is off)
     loss: float = math.nan  # the smoothed loss then
