@@ -26,6 +26,8 @@ Configurations, from any of:
   LR, re-warm over 100-300 steps to 2-4x the edge); named ``adamw-III``, their half
   from the unguarded arm's run. Not every one collapses: those that do not are no
   collapse to rescue and are left out of the tables.
+* ``--breadth I ...``: runs of the breadth sweep (``collapse-guard data real --sweep
+  breadth``) by index, drawn without their files; the unguarded arm is trained here.
 * ``--runs DIR``: the collapsed run files in DIR (``--runs-optimizer`` narrows them),
   each replayed from the config its metadata holds; its half from that metadata.
 
@@ -306,6 +308,20 @@ def drawn_adamw_cases(seed: int, indices: list[int], steps: int) -> list[dict]:
             config = replace(config, recipe="cosine_high", min_lr_ratio=0.1)
         cases.append(_case(f"adamw-{i:03d}", config, None))
     return cases
+
+
+def breadth_cases(seed: int, indices: list[int], steps: int) -> list[dict]:
+    """``--breadth``: runs of the breadth sweep by index, without their files (named as
+    their run ids, so that their rows are those of ``--runs`` on the files); the half comes
+    from the unguarded arm's run."""
+    from collapse_guard.datasets.real.sampler import Focus
+    from collapse_guard.datasets.real.sweeps import sample_config
+
+    focus = Focus(breadth=True)
+    return [
+        _case(f"real-s{seed}-breadth-{i:05d}", sample_config(seed, i, steps, focus), None)
+        for i in indices
+    ]
 
 
 def run_file_cases(folder: Path, optimizer: str | None = None) -> list[dict]:
@@ -735,18 +751,20 @@ def _cases(args) -> list[dict]:
     cases = []
     if args.only and not args.sweep.exists():
         cases += sampler_cases(args.seed, args.only, args.steps)
-    elif args.sweep.exists() and (args.only or not (args.runs or args.drawn_adamw)):
+    elif args.sweep.exists() and (args.only or not (args.runs or args.drawn_adamw or args.breadth)):
         picked = pick_configs(args.sweep, args.per_half, args.first)
         cases += [c for c in picked if not args.only or c["index"] in args.only]
     if args.drawn_adamw:
         cases += drawn_adamw_cases(args.seed, args.drawn_adamw, args.steps)
+    if args.breadth:
+        cases += breadth_cases(args.seed, args.breadth, args.steps)
     for folder in args.runs:
         cases += run_file_cases(folder, args.runs_optimizer)
     if not cases:
         raise FileNotFoundError(
             f"no configurations: {args.sweep} is not a sweep folder and none of --only, "
-            "--drawn-adamw, --runs was given; pass --only INDEX ... (drawn by the sampler), "
-            "--drawn-adamw INDEX ... or --runs DIR"
+            "--drawn-adamw, --breadth, --runs was given; pass --only INDEX ... (drawn by the "
+            "sampler), --drawn-adamw INDEX ..., --breadth INDEX ... or --runs DIR"
         )
     return cases
 
@@ -764,6 +782,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--drawn-adamw", type=int, nargs="*", help="issue 24's AdamW set-ups of these indices"
+    )
+    parser.add_argument(
+        "--breadth", type=int, nargs="*", help="the breadth sweep's runs of these indices"
     )
     parser.add_argument("--runs", type=Path, action="append", default=[], help="run files")
     parser.add_argument("--runs-optimizer", help="of --runs, only this optimizer's")

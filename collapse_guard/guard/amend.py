@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from collapse_guard.guard.checkpoints import CheckpointRing, read_sidecar, verify
-from collapse_guard.guard.decision import DEVELOPED, GuardDecision, StepFacts, decide, is_healthy
+from collapse_guard.guard.decision import (
+    COLLAPSED,
+    DEVELOPED,
+    GuardDecision,
+    StepFacts,
+    decide,
+    is_healthy,
+)
 from collapse_guard.guard.measure import amp_overflow, lr_jumped
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.rescue import precursor
@@ -32,6 +39,7 @@ __all__ = [
     "healthy_before_jump",
     "nonfinite_param",
     "nonfinite_text",
+    "restarts",
     "with_rollback",
     "worse_by",
 ]
@@ -160,16 +168,30 @@ def with_rollback(
     return replace(decision, rollback_to=paths)
 
 
-def _sound(path: Path) -> bool:
-    """The rewind's checkpoint passes its sidecar's check; if not, the rescue rolls back to
-    the ring as before, and says why (a rewind must not land on a damaged file)."""
+def restarts(decision: GuardDecision, run: RunState, policy: GuardPolicy, origin: Path) -> bool:
+    """A rescue that restarts from ``origin`` (the state before the guard's first update):
+    the run's first, of a collapse (decision.COLLAPSED), within ``restart_window`` steps of
+    the end of the loop's first LR rise (or during it). Every ring checkpoint was then
+    trained at the rising LRs the run could not absorb; a lower LR from them does not undo
+    it (docs/decisions.md 30). A collapse's rescue with no ring checkpoint to roll back to
+    (before the first, or after a restart emptied the ring) restarts too."""
+    window, ended = policy.restart_window, run.rise_ended
+    if not window or decision.reason.split("=")[0] not in COLLAPSED:
+        return False
+    in_warmup = not run.rescues and (ended is None or decision.step - ended <= window)
+    return (in_warmup or not decision.rollback_to) and origin.exists() and _sound(origin, "restart")
+
+
+def _sound(path: Path, action: str = "rewind") -> bool:
+    """The ``action``'s checkpoint passes its sidecar's check; if not, the rescue rolls
+    back to the ring as before, and says why (it must not land on a damaged file)."""
     try:
         why = verify(path)
     except OSError as error:
         why = error.strerror or type(error).__name__
     if why:
         warnings.warn(
-            f"collapse-guard: no rewind to {path.name} ({why}); rolling back to the ring's "
+            f"collapse-guard: no {action} to {path.name} ({why}); rolling back to the ring's "
             "checkpoints instead",
             RuntimeWarning,
             stacklevel=5,
@@ -251,4 +273,8 @@ class Decider:
             decision = checkable(decision, name)
         if decision.rescue:
             decision = with_rollback(decision, setup.ring, policy, run.jump_checkpoint)
+            if restarts(decision, run, policy, setup.ring.origin()):
+                kept = (e for e in decision.events if not e.startswith("rewind:"))
+                events = (*kept, "restart:origin")
+                decision = replace(decision, restart=True, rewind=False, events=events)
         return decision

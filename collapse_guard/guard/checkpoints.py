@@ -24,6 +24,11 @@ written stays too (:meth:`CheckpointRing.best`): a developed collapse whose ring
 worse than it rolls back there (``GuardPolicy.rewind_loss_gap``), and the ring restarts
 there (:meth:`CheckpointRing.rewind`).
 
+Beside the ring, ``guard-origin.pt``: the state before the guard's first update (written
+once at its first step, kept through resumes, outside the ring's names), the weights a
+rescue in the run's warmup restarts from (``GuardPolicy.restart_window``): there every
+ring checkpoint was trained at LRs the run could not absorb (:meth:`CheckpointRing.restart`).
+
 Reading (:func:`load_verified`): size and checksum against the sidecar, then the
 ``weights_only`` load. A file that fails (truncated, empty, random bytes, a flipped bit,
 a pickle with code in it) is a :class:`CorruptCheckpoint` naming the file and why; a
@@ -69,6 +74,7 @@ from collapse_guard.errors import UserInputError
 
 __all__ = [
     "FORMAT",
+    "ORIGIN",
     "CheckpointFolderError",
     "CheckpointRing",
     "CorruptCheckpoint",
@@ -82,8 +88,10 @@ __all__ = [
 ]
 
 FORMAT = 1  # layout of a checkpoint dict; bump when a key changes meaning
+ORIGIN = "guard-origin.pt"  # the state the guard started from (CheckpointRing.origin)
 _NAME = re.compile(r"^guard-(\d+)\.pt$")
-_TEMP = re.compile(r"^\.guard-\d+\.pt(?:\.json)?\.(?:(\d+)-)?[^.]*\.tmp$")  # killed writes
+# the temp files of killed writes (a ring checkpoint's or the origin's, or their sidecars)
+_TEMP = re.compile(r"^\.guard-(?:\d+|origin)\.pt(?:\.json)?\.(?:(\d+)-)?[^.]*\.tmp$")
 _RUN_TEMP = re.compile(r"^\.run-.+\.parquet\.tmp-(\d+)$")  # the guard's run file's (runfile.py)
 _SIDECAR = ".json"
 _CHUNK = 1 << 20  # bytes read at a time to checksum
@@ -404,6 +412,27 @@ class CheckpointRing:
             if old not in self._mine and old != self.best():
                 self._remove(old)
         return path
+
+    def origin(self) -> Path:
+        """Where the state the guard started from is (``guard-origin.pt``, outside the
+        ring's names: never resumed from, averaged or removed by the ring)."""
+        return self.folder / ORIGIN
+
+    def save_origin(self, step: int, state: dict[str, Any]) -> Path:
+        """Write the state before the guard's first update (a restart's weights)."""
+        path = self.origin()
+        _save_verified({"format": FORMAT, "step": int(step), **state}, path)
+        return path
+
+    def restart(self) -> list[str]:
+        """Back to the origin: every checkpoint of the ring, its best too, belongs to a
+        trajectory abandoned and is removed; the ring is empty till the next. Returns the
+        names removed."""
+        gone = [*self._mine, *([self.best()] if self.best() not in (None, *self._mine) else [])]
+        for path in gone:
+            self._remove(path)
+        self._mine, self._best = [], None
+        return [p.name for p in gone]
 
     def best(self) -> Path | None:
         """The checkpoint of the lowest recorded loss the ring wrote, kept after it left

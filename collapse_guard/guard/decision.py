@@ -71,6 +71,9 @@ event                       meaning
                             ``warn_stall_steps``, ...)
 ``rewind:loss_gap=<nats>``  the ring trained worse than its best checkpoint by that much:
                             the rescue rolls back to the best (``rewind_loss_gap``)
+``restart:origin``          a first rescue within ``restart_window`` steps of the warmup's
+                            end: the weights the guard started with, not the ring's
+                            (``rollback:avg1@<its step>``); the ring starts over
 ``forensics:<folder>``      state and gradient histograms saved under ``forensics/``
 ``rollback:avg<n>@<step>``  parameters of the ring's ``n`` last checkpoints averaged
 ``skip_batches:<n>``        ``n`` batches to skip (``guard.batches``)
@@ -98,6 +101,7 @@ from collapse_guard.guard.policy import RISK_LEVELS, GuardPolicy
 from collapse_guard.predictor.core.levels import CRITICAL, OK, WARN, Level
 
 __all__ = [
+    "COLLAPSED",
     "DEVELOPED",
     "GuardDecision",
     "StepFacts",
@@ -111,6 +115,9 @@ __all__ = [
 
 # the rescues of a collapse that developed: the online label's, a warn's precursor or stall
 DEVELOPED = ("online_collapse", "warn_rise", "warn_stall")
+# the rescues of a collapse (not of an LR jump's outliers, a correction or a drill): those a
+# warmup's restart may take (amend.restarts)
+COLLAPSED = (*DEVELOPED, "nonfinite_loss", "skip_streak")
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,8 @@ class GuardDecision:
     # from its ring, so that every DDP rank reads the same files)
     rewind: bool = False  # rollback_to is the ring's best, past a ring that trained worse
     # (amend.with_rollback): the ring restarts there
+    restart: bool = False  # the weights go back past the ring to the guard's origin
+    # (amend.restarts: a first rescue in the warmup); rollback_to still gives the cap's LR
     events: tuple[str, ...] = field(default=())
 
     @property

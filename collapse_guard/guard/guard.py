@@ -48,7 +48,13 @@ from collapse_guard.guard import check, ddp, measure
 from collapse_guard.guard.amend import Decider, gather_facts, healthy_before_jump
 from collapse_guard.guard.apply import Applier
 from collapse_guard.guard.decision import GuardDecision
-from collapse_guard.guard.keep import guard_state, load_guard_state, resume_run, save_checkpoint
+from collapse_guard.guard.keep import (
+    guard_state,
+    load_guard_state,
+    resume_run,
+    save_checkpoint,
+    save_origin,
+)
 from collapse_guard.guard.policy import GuardPolicy, resolve_policy
 from collapse_guard.guard.preflight import warn_preflight
 from collapse_guard.guard.qk_clip import QKMapping
@@ -139,6 +145,7 @@ class Guard:
         self._holds = {"risk_hold": self.setup.hold, "lr_hold": self._apply.hold}  # kept
         self._rescue, self._marks = Rescuer(self.setup), check.GradientMarks()
         self.run, self._closed = RunState.fresh(self.policy), False
+        self._origin_due = bool(self.policy.restart_window)  # written at the first step
         if preflight and self.rank == 0:
             warn_preflight(model, optimizer, self.policy.clip)
 
@@ -161,6 +168,7 @@ class Guard:
         from (keep.py: no step is recorded twice). The run records into a new run file
         whose metadata names the run it continues (``extra["continues"]``: run_id, step,
         checkpoint): the files end to end are the run. Rank 0 alone tidies and warns."""
+        self._origin_due = False  # the run's origin is the folder's, from its first start
         return resume_run(self.setup, self.run, path, self.load_state_dict)
 
     # --------------------------------------------------------------- batches
@@ -187,13 +195,15 @@ class Guard:
             raise RuntimeError("guard.step() after guard.close(); create a new Guard")
         loss_t = check.scalar_loss(loss)
         self._settle()  # the last step's facts, if it was deferred: before anything reads state
+        if self._origin_due:
+            self._keep_origin()
         run, trajectory, amp = self.run, self.trajectory, measure.amp_enabled(self.scaler)
         discard = self._sync.take_discard()  # a deferred rescue rolled back after this backward
         stale = self._marks.stale(self.params) or discard  # before unscale_ writes the grads
         loop_lr = float(self.optimizer.param_groups[0]["lr"])
         if measure.jump_starts(run.loop_lrs, loop_lr, self.policy):
             self._checkpoint_before_jump()
-        run.loop_lrs.append(loop_lr)
+        run.note_loop_lr(loop_lr)
         self._poll()
         measure.unscale(self.scaler, self.optimizer)
         lr_jump = measure.lr_jumped(run.loop_lrs, self.policy)
@@ -331,6 +341,13 @@ class Guard:
             save_checkpoint(self.ring, self._writer, run.step_index, self.training, state, losses)
         run.checkpoints += 1
         run.last_checkpoint = run.step_index - 1  # called after step_index moved on
+
+    def _keep_origin(self) -> None:
+        """The state before the first update (keep.save_origin): what a rescue in the
+        warmup restarts from (amend.restarts)."""
+        self._origin_due = False
+        if self.rank == 0:
+            save_origin(self.ring, self.run.step_index, self.training, self.state_dict())
 
     def _checkpoint_before_jump(self) -> None:
         """The loop's LR jumps at this step: the weights are still the schedule's. A

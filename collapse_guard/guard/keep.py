@@ -30,10 +30,22 @@ __all__ = [
     "resume_point",
     "resume_run",
     "save_checkpoint",
+    "save_origin",
 ]
 
 RECORDED_LOSS_STEPS = 20  # a checkpoint's recorded loss: the mean of this many last losses
 # (the label's smoothing time constant is 10 steps: 20 averages out a step's noise)
+
+
+def save_origin(ring: CheckpointRing, step: int, training: Training, guard: dict[str, Any]) -> None:
+    """The state before the guard's first update into ``ring.origin()`` (a restart's
+    weights); a disk that refuses it does not stop training: said once, and an older run's
+    origin in the folder is removed, so that no rescue restarts from it."""
+    try:
+        ring.save_origin(step, checkpoint_state(training, guard, ()))
+    except OSError as error:
+        _unwritten(ring, ring.origin(), _refused(error))
+        ring.origin().unlink(missing_ok=True)
 
 
 def checkpoint_state(
@@ -104,8 +116,12 @@ def save_checkpoint(
     try:
         return ring.save(step, checkpoint_state(training, guard, losses))
     except OSError as error:
-        _unwritten(ring, path, f"{type(error).__name__} [Errno {error.errno}] {error.strerror}")
+        _unwritten(ring, path, _refused(error))
         return None
+
+
+def _refused(error: OSError) -> str:
+    return f"{type(error).__name__} [Errno {error.errno}] {error.strerror}"
 
 
 def _unwritten(ring: CheckpointRing, path: Path, why: str) -> None:

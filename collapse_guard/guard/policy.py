@@ -125,6 +125,14 @@ class GuardPolicy:
     # by every rule yet trained worse (an LR past the edge that the loss slowly could not
     # absorb); 0 = off. Over the noise of a recorded loss (a mean of 20 batches: a few
     # hundredths) and under the label's smallest margin (0.25)
+    restart_window: int = 50  # the first rescue (of a collapse, not of an LR jump) within
+    # this many steps of the end of the loop's first LR rise (its warmup: the first step whose
+    # LR did not rise) restarts from the weights the guard started with (``guard-origin.pt``,
+    # written at its first step) at the rescue's cap, not from the ring: every checkpoint
+    # was trained at the rising LRs the run could not absorb, and a lower LR does not undo
+    # what they did (SGD's attention weights at 8x a safe run's norm, Lion in fp16 standing
+    # at 3.1 from step 50: benchmark 89, unseen 00575 and 00895 of issue 32 ended over their
+    # bigram entropy after the ring's rollback). 0 = off (no origin file written)
     average_loss_gap: float = 0.05  # |recorded loss - newest's| / newest's. nanoGPT's GPT on
     # its first 111 steps: the checkpoint of step 11 (loss still falling fast, far above
     # the newest's) went into the mean (issue 21); between checkpoints 100 steps apart in

@@ -33,7 +33,7 @@ import torch
 
 from collapse_guard.guard import ddp
 from collapse_guard.guard.check import lr_reaches, lr_unreached_text
-from collapse_guard.guard.checkpoints import save_atomic
+from collapse_guard.guard.checkpoints import load_verified, save_atomic
 from collapse_guard.guard.decision import DEVELOPED, GuardDecision
 from collapse_guard.guard.forensics import GradientHistory
 from collapse_guard.guard.policy import GuardPolicy
@@ -77,9 +77,10 @@ def _caps(
     LR of the checkpoint rolled back to and the LR the collapse came at (from the second
     rescue on, the edge)."""
     p, (healthy_lr, broke_at) = policy, lrs
-    if math.isfinite(healthy_lr):
-        factor = _cap_factor(decision.reason, p)
-        _set_cap(run, factor * min(run.lr_cap(), healthy_lr), p)
+    # no LR of an update since a restart (NaN): the cap in force is the one to lower
+    base = min(run.settled_cap(), healthy_lr) if math.isfinite(healthy_lr) else run.settled_cap()
+    if math.isfinite(base):
+        _set_cap(run, _cap_factor(decision.reason, p) * base, p)
     if run.rescues > 1 and math.isfinite(broke_at):
         run.lr_edge = broke_at
     run.pending_skips += p.skip_batches
@@ -146,27 +147,9 @@ class Rescuer:
                 said += f"{where} ({error}); the rescue goes on without them (said once)"
                 setup.once.warn("forensics_unwritten", said, stacklevel=4)
                 events.append("forensics:unwritten")
-        broke_at = healthy_lr = trajectory.lr_in_force  # without a checkpoint: the LR of the
-        # last update, the one the collapse came at
-        run.averaged_rollback = False
-        if decision.rollback_to:
-            state = setup.ring.rollback_state(decision.rollback_to)
-            training.load(state, keep_lr=True)  # the loop's LR stays
-            if self.lr_reached and not lr_reaches(training.optimizer):
-                self.lr_reached = False
-                said = lr_unreached_text(s, training.optimizer)
-                setup.once.warn("lr_unreached", said, stacklevel=4)
-            trajectory.load_state_dict(state["guard"]["trajectory"])
-            healthy_lr = trajectory.lr_in_force  # the newest checkpoint's
-            run.averaged_rollback = state["averaged"] > 1
-            setup.probe.reset()  # the rollback is not an update: forget the previous sketch
-            events.append(f"rollback:avg{state['averaged']}@{state['step']}")
-            ddp.barrier()  # every rank has read the files before rank 0 may replace them
-            if decision.rewind and setup.rank == 0:
-                setup.ring.rewind()
-        else:
-            trajectory = trajectory.restarted(policy)
-            events.append("rollback:none")
+        broke_at = trajectory.lr_in_force  # the LR of the last update: the collapse's
+        event, trajectory, healthy_lr = self._restore(decision, run, trajectory)
+        events.append(event)
         run.after_rollback = True
         if decision.reason == "nonfinite_loss" and run.rescues:
             setup.once.warn("nonfinite_again", _overflow_text(s, run.rescues), stacklevel=4)
@@ -174,7 +157,39 @@ class Rescuer:
         run.skip_streak = run.quiet_steps = 0
         if decision.reason.startswith("average_worse"):  # a correction of the last rescue:
             return events, trajectory  # its LR cap and batch skips stand, none added
-        return events + _caps(decision, run, (healthy_lr, broke_at), blown, policy), trajectory
+        events += _caps(decision, run, (healthy_lr, broke_at), blown, policy)
+        if decision.restart:  # the cap warms up again as the loop's first rise did
+            run.rewarm_start, run.rewarm_steps = s + 1, max(1, run.rise_ended or s)
+        return events, trajectory
+
+    def _restore(
+        self, decision: GuardDecision, run: RunState, trajectory: Trajectory
+    ) -> tuple[str, Trajectory, float]:
+        """Load what the rescue rolls back to (the ring's checkpoints, or the origin on a
+        restart); its event, the trajectory to go on from and the LR of the cap (the ring's
+        newest checkpoint's; without one the LR of the last update)."""
+        setup, training, s = self.setup, self.setup.training, run.step_index
+        healthy_lr, run.averaged_rollback = trajectory.lr_in_force, False
+        if not (decision.rollback_to or decision.restart):
+            return "rollback:none", trajectory.restarted(setup.policy), healthy_lr
+        if decision.rollback_to:
+            state = setup.ring.rollback_state(decision.rollback_to)
+            healthy_lr = float(state["guard"]["trajectory"].get("lr_in_force", math.nan))
+        if decision.restart:  # the weights before the first update (amend.restarts)
+            state = {**load_verified(setup.ring.origin()), "averaged": 1}
+        training.load(state, keep_lr=True)  # the loop's LR stays
+        if self.lr_reached and not lr_reaches(training.optimizer):
+            self.lr_reached = False
+            setup.once.warn("lr_unreached", lr_unreached_text(s, training.optimizer), stacklevel=5)
+        trajectory.load_state_dict(state["guard"]["trajectory"])
+        run.averaged_rollback = state["averaged"] > 1
+        setup.probe.reset()  # the rollback is not an update: forget the previous sketch
+        ddp.barrier()  # every rank has read the files before rank 0 may replace them
+        if decision.rewind and setup.rank == 0:
+            setup.ring.rewind()
+        if decision.restart and setup.rank == 0:
+            setup.ring.restart()
+        return f"rollback:avg{state['averaged']}@{state['step']}", trajectory, healthy_lr
 
     def fall(
         self, decision: GuardDecision, run: RunState, trajectory: Trajectory, hold: WarnHold

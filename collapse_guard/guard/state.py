@@ -115,6 +115,13 @@ class RunState:
             dump=list, load=lambda old, saved: deque(map(float, saved), maxlen=old.maxlen)
         ),
     )
+    # the first step whose loop LR did not rise over the last one: the end of the first
+    # rise (a warmup); None while it rises (GuardPolicy.restart_window)
+    rise_ended: int | None = field(default=None, metadata=kept(optional=True))
+    # a restart from the origin warms the cap up again, linearly from rewarm_start over
+    # rewarm_steps (the loop's first rise): init weights take no full LR at once
+    rewarm_start: int = field(default=0, metadata=kept(optional=True))
+    rewarm_steps: int = field(default=0, metadata=kept(optional=True))
     # for this process only
     skip_streak: int = 0  # updates skipped in a row
     quiet_steps: int = 0  # steps in a row without a skip, excursion or critical level
@@ -133,6 +140,13 @@ class RunState:
     @classmethod
     def fresh(cls, policy: GuardPolicy) -> RunState:
         return cls(loop_lrs=deque(maxlen=2 * policy.lr_jump_steps))
+
+    def note_loop_lr(self, loop_lr: float) -> None:
+        """The loop's LR of step ``step_index``, before it is appended: the first that does
+        not rise ends the first rise (:attr:`rise_ended`)."""
+        if self.rise_ended is None and self.loop_lrs and not loop_lr > self.loop_lrs[-1]:
+            self.rise_ended = self.step_index
+        self.loop_lrs.append(loop_lr)
 
     def hear(self, reading: Any) -> None:
         """A (held) risk reading arrived: its level and probability are in force."""
@@ -165,11 +179,21 @@ class RunState:
         return min(1.0, self.loop_lrs[-1] / self.lr_anchor)
 
     def lr_cap(self) -> float:
-        """The rescues' cap at the loop's newest LR (:meth:`cap_ratio`); no cap (inf) stays
-        none at a loop LR of 0."""
+        """The rescues' cap at the loop's newest LR (:meth:`cap_ratio`), warming up after a
+        restart (:meth:`rewarm_share`); no cap (inf) stays none at a loop LR of 0."""
+        return self.settled_cap() * self.rewarm_share()
+
+    def settled_cap(self) -> float:
+        """The cap at the loop's newest LR once a restart's warmup is over (:meth:`lr_cap`
+        without :meth:`rewarm_share`): what a later rescue halves."""
         if not math.isfinite(self.lr_ceiling):
             return self.lr_ceiling
         return self.lr_ceiling * self.cap_ratio()
+
+    def rewarm_share(self) -> float:
+        """The share of the cap a restart's warmup gives at ``step_index`` (1 without one)."""
+        done = max(1, self.step_index - self.rewarm_start + 1)
+        return min(1.0, done / self.rewarm_steps) if self.rewarm_steps else 1.0
 
     def summary(self) -> dict[str, Any]:
         """Counts of what the guard did (also the run file's ``extra["guard"]``)."""

@@ -174,7 +174,8 @@ def test_deferred_nonfinite_losses_are_skipped_then_rescued_a_step_later(tmp_pat
     assert at[24] == [] and at[25] == at[26] == ["skip:nonfinite_loss"]
     # booked at its own step (the rescue's events), acted on as step 28 begins: the
     # backward of step 28 ran at the weights the rollback replaced, so it trains nothing
-    assert at[27][0] == "rescue:nonfinite_loss" and at[27][2].startswith("rollback:")
+    assert at[27][0] == "rescue:nonfinite_loss"
+    assert any(e.startswith("rollback:") for e in at[27])
     assert at[28] == ["skip:after_rescue"] and at[29] == [] and guard.skipped == 3
     assert guard.rescues == 1 and guard.step_index == 32
     with pytest.raises(ValueError, match="fused=True"):

@@ -183,3 +183,21 @@ def test_a_rescue_whose_forensics_the_disk_refuses_goes_on(tmp_path, monkeypatch
     assert "forensics:unwritten" in rescue and any(e.startswith("rollback:") for e in rescue)
     assert guard.step_index == 15
     guard.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="the fd's path from /proc")
+def test_an_origin_the_disk_refuses_is_said_once_and_no_older_one_stands(tmp_path, monkeypatch):
+    old = tmp_path / "guard-origin.pt"
+    old.write_bytes(b"an older run's origin")  # another run used the folder before
+    disk = FullDisk(monkeypatch, tmp_path, only=".guard-origin")
+    model, opt = tiny_model()
+    guard = Guard(model, opt, tmp_path, risk="off", policy=FULL)
+    disk.fill()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _steps(guard, model, opt, 10)
+    said = _said(caught, "could not write checkpoint")
+    assert len(said) == 1 and "guard-origin.pt" in said[0] and "[Errno 28]" in said[0]
+    assert guard.step_index == 10 and not old.exists()  # no restart lands on another run's
+    assert guard.ring.newest() is not None  # the ring's checkpoints are written as before
+    guard.close()

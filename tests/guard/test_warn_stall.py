@@ -38,7 +38,8 @@ def _held_run(tmp_path, fixed_risk, lr_at, steps: int, **policy) -> tuple[Guard,
     the first reading (the hold on from step 1); the guard and the LRs in force."""
     model, optimizer = tiny_model(seed=0)
     loop, in_force = Loop(seed=0), []
-    settings = {"risk_every": 1, "qk_clip": "off", **policy}
+    # restart_window off: a rescue in the loop's first rise would restart (test_restart.py)
+    settings = {"risk_every": 1, "qk_clip": "off", "restart_window": 0, **policy}
     guard = Guard(model, optimizer, tmp_path, risk=fixed_risk("warn"), policy=settings)
     for step in range(steps):
         for group in optimizer.param_groups:
