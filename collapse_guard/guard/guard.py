@@ -18,8 +18,9 @@ module that does it)::
             # <DECIDE>    decision.decide(facts), amended (amend.py): skip / rescue / level
             # <APPLY>     clip, LR x multiplier, optimizer.step() or not, scaler.update(),
             #             rank 0's QK-clip plan (qk_clip.py), probe.after_step() (apply.py)
-            # <RESCUE>    forensics, roll back to the ring's average, skip batches, cap the
-            #             LR (rescue.py)
+            # <RESCUE>    forensics, roll back to the ring's average (a collapse in the
+            #             warmup: to the origin, guard-origin.pt, written at the first
+            #             step), skip batches, cap the LR (rescue.py)
             # <RECORD>    counts and histories (tally.py); the row and events into the run
             #             file, source "guarded" (record.py)
             # <KEEP>      a healthy checkpoint when due (keep.py); the window to the risk
