@@ -1,0 +1,377 @@
+"""The guard in a loop written apart from the project (issue 32's outside check, done here).
+
+Every other rescue benchmark trains the project's own GPT through ``demo.run_scenario``.
+This one trains a GPT written in this file (its own attention, pre- or post-LN blocks,
+learned or no positions, tied or untied head, PyTorch's default initialisation) on a
+language generated here (an order-2 Markov chain over 64 tokens: half the next token's
+distribution set by the last token, half by the last two), in the plain loop a user writes:
+the LR set on the optimizer's groups every step, ``clip_grad_norm_`` and ``optimizer.step()``
+unguarded; ``Guard(model, optimizer, checkpoint_dir=...)``, ``guard.batches`` and
+``guard.step(loss)`` guarded, with the bundled model and the default policy: the public API
+and nothing else. Optimizers: AdamW, SGD with momentum, Lion (the project's, as a user
+would bring one from a package), torch's Muon on the hidden matrices chained with AdamW on
+the rest (``ChainedOptimizer``). None of these set-ups took part in choosing a guard rule.
+
+Each set-up is trained by three arms on the same batches: ``unguarded``, ``guarded``, and
+``safe`` (unguarded at the set-up's safe peak LR: what the run learns when it is not pushed
+past its edge). A collapse is the project's label (``label_run``) on the unguarded run's
+losses; a collapse is *saved* when the guarded run has no onset and ends within 0.05 nats of
+the safe run (issue 32's bar; the final loss is the mean of the last 50 losses). On the
+set-ups that do not collapse the guarded run is compared with the unguarded one.
+
+Usage (about 30 minutes for the 18 set-ups on 2 cores; results appended to ``--out`` and
+read back, so a rerun skips what is done)::
+
+    OMP_WAIT_POLICY=passive python benchmarks/outside_loop.py --out outside.jsonl
+    python benchmarks/outside_loop.py --out outside.jsonl --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ARMS", "SETUPS", "Setup", "main", "train"]
+
+VOCAB, SEQ, BATCH = 64, 64, 16
+FINAL_STEPS = 50
+ARMS = ("unguarded", "guarded", "safe")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One set-up: model, optimizer and LR schedule (peak ``lr``; ``safe_lr`` for ``safe``)."""
+
+    name: str
+    optimizer: str
+    lr: float
+    safe_lr: float
+    warmup: int = 100
+    layers: int = 2
+    width: int = 64
+    heads: int = 4
+    post_ln: bool = False
+    positions: bool = True
+    tied: bool = False
+    steps: int = 600
+    schedule: str = "cosine"  # cosine to 0.1x | constant | ramp (geometric) | rewarm (linear)
+    rise_from: int = 250  # ramp / rewarm: the rise from ``base`` to the peak
+    rise_to: int = 450
+    base: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+
+
+SETUPS: dict[str, Setup] = {
+    s.name: s
+    for s in (
+        Setup("adamw_hot", "adamw", 3e-2, 3e-3),
+        Setup("adamw_hot_post", "adamw", 2e-2, 2e-3, post_ln=True),
+        Setup("adamw_ramp1000", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40),
+        Setup("adamw_rewarm", "adamw", 6e-2, 3e-3, schedule="rewarm", base=2e-3,
+              rise_from=300, rise_to=400),
+        Setup("adamw_rewarm_hi", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400),
+        Setup("adamw_deep_const", "adamw", 2e-2, 2e-3, layers=4, schedule="constant",
+              warmup=200),
+        Setup("adamw_x10_cos", "adamw", 0.1, 3e-3, warmup=50, layers=3),
+        Setup("adamw_x15", "adamw", 0.15, 3e-3, warmup=150, schedule="constant"),
+        Setup("adamw_x30_post", "adamw", 0.3, 3e-3, warmup=200, post_ln=True),
+        Setup("adamw_ok", "adamw", 3e-3, 3e-3),
+        Setup("lion_hot", "lion", 1e-2, 3e-4),
+        Setup("lion_hot_tied", "lion", 5e-3, 3e-4, tied=True, positions=False),
+        Setup("lion_x3_tied", "lion", 0.03, 3e-4, tied=True, positions=False),
+        Setup("lion_x5", "lion", 0.05, 3e-4, warmup=150, schedule="constant"),
+        Setup("sgd_hot", "sgd", 3.0, 0.3, warmup=150),
+        Setup("sgd_noclip", "sgd", 2.0, 0.3, warmup=150, clip=0.0),
+        Setup("muon_hot", "muon", 0.5, 0.02, warmup=150),
+        Setup("muon_rewarm", "muon", 0.5, 0.02, schedule="rewarm", base=0.02),
+    )
+}  # fmt: skip
+
+
+def lr_at(setup: Setup, step: int, peak: float) -> float:
+    """The LR the loop sets at ``step`` for a schedule peaking at ``peak``."""
+    if setup.schedule in ("ramp", "rewarm"):
+        base = min(setup.base, peak)
+        if step < setup.warmup:
+            return base * (step + 1) / setup.warmup
+        if step < setup.rise_from:
+            return base
+        if step >= setup.rise_to:
+            return peak
+        share = (step - setup.rise_from) / (setup.rise_to - setup.rise_from)
+        if setup.schedule == "ramp":
+            return base * (peak / base) ** share
+        return base + (peak - base) * share
+    if step < setup.warmup:
+        return peak * (step + 1) / setup.warmup
+    if setup.schedule == "constant":
+        return peak
+    share = (step - setup.warmup) / max(1, setup.steps - setup.warmup)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * share)))
+
+
+def _model(setup: Setup):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class Attention(nn.Module):
+        def __init__(self, width: int, heads: int):
+            super().__init__()
+            self.heads = heads
+            self.qkv = nn.Linear(width, 3 * width, bias=False)
+            self.out = nn.Linear(width, width, bias=False)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (
+                z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                for z in self.qkv(x).split(d, 2)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+    class Block(nn.Module):
+        def __init__(self, width: int, heads: int, post_ln: bool):
+            super().__init__()
+            self.post_ln = post_ln
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.attention = Attention(width, heads)
+            self.mlp = nn.Sequential(
+                nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            )
+
+        def forward(self, x):
+            if self.post_ln:
+                x = self.norm1(x + self.attention(x))
+                return self.norm2(x + self.mlp(x))
+            x = x + self.attention(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = setup.width
+            self.embedding = nn.Embedding(VOCAB, width)
+            self.positions = (
+                nn.Parameter(torch.randn(SEQ, width) * 0.02) if setup.positions else None
+            )
+            self.blocks = nn.ModuleList(
+                Block(width, setup.heads, setup.post_ln) for _ in range(setup.layers)
+            )
+            self.norm = nn.LayerNorm(width)
+            self.head = nn.Linear(width, VOCAB, bias=False)
+            if setup.tied:
+                self.head.weight = self.embedding.weight
+
+        def forward(self, tokens):
+            x = self.embedding(tokens)
+            if self.positions is not None:
+                x = x + self.positions[: tokens.shape[1]]
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(setup.seed)
+    return Net()
+
+
+def _language(seed: int):
+    """Next-token probabilities per (last-but-one, last) token pair, row a * VOCAB + b."""
+    import torch
+
+    torch.manual_seed(1000 + seed)
+    alpha = torch.full((VOCAB,), 0.1)
+    by_last = torch.distributions.Dirichlet(alpha).sample((VOCAB,))
+    by_pair = torch.distributions.Dirichlet(alpha).sample((VOCAB * VOCAB,))
+    return 0.5 * by_last.repeat(VOCAB, 1) + 0.5 * by_pair
+
+
+def _sample(probs, generator):
+    import torch
+
+    tokens = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+    tokens[:, :2] = torch.randint(0, VOCAB, (BATCH, 2), generator=generator)
+    for i in range(2, SEQ + 1):
+        pair = tokens[:, i - 2] * VOCAB + tokens[:, i - 1]
+        tokens[:, i] = torch.multinomial(probs[pair], 1, generator=generator).squeeze(1)
+    return tokens
+
+
+def _optimizer(setup: Setup, model, lr: float):
+    import torch
+
+    params = list(model.parameters())
+    if setup.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if setup.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if setup.optimizer == "lion":
+        from collapse_guard.datasets.real.optim import Lion
+
+        return Lion(params, lr=lr)
+    from collapse_guard.integrations.chained import ChainedOptimizer
+
+    hidden = [
+        p for n, p in model.named_parameters()
+        if p.ndim == 2 and not n.startswith(("embedding", "head")) and n != "positions"
+    ]  # fmt: skip
+    ids = {id(p) for p in hidden}
+    rest = [p for p in params if id(p) not in ids]
+    muon = torch.optim.Muon(hidden, lr=lr, momentum=0.95, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW(rest, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    return ChainedOptimizer(muon, adamw)
+
+
+def _groups(optimizer) -> list[dict]:
+    inner = getattr(optimizer, "optimizers", None)
+    return [g for o in inner for g in o.param_groups] if inner else optimizer.param_groups
+
+
+def train(setup: Setup, arm: str) -> dict:
+    """One set-up by one arm, in the user's loop: its losses and the guard's summary."""
+    import torch
+    from torch.nn import functional as F
+
+    from collapse_guard.guard import Guard, GuardGaveUp
+
+    torch.set_num_threads(1)
+    model, probs = _model(setup), _language(setup.seed)
+    peak = setup.safe_lr if arm == "safe" else setup.lr
+    optimizer = _optimizer(setup, model, lr_at(setup, 0, peak))
+    generator = torch.Generator().manual_seed(setup.seed + 99)
+    batches = (_sample(probs, generator) for _ in range(3 * setup.steps))
+    losses, summary, started = [], {}, time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        guard = Guard(model, optimizer, checkpoint_dir=folder) if arm == "guarded" else None
+        for step, batch in enumerate(guard.batches(batches) if guard else batches):
+            if step >= setup.steps:
+                break
+            for group in _groups(optimizer):
+                group["lr"] = lr_at(setup, step, peak)
+            logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            loss.backward()
+            losses.append(loss.item())
+            if guard is None:
+                if setup.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), setup.clip)
+                optimizer.step()
+            else:
+                try:
+                    guard.step(loss)
+                except GuardGaveUp as stop:
+                    summary["gave_up"] = str(stop)[:200]
+                    break
+            optimizer.zero_grad(set_to_none=True)
+        if guard is not None:
+            summary.update(
+                {k: v for k, v in guard.summary().items() if isinstance(v, (int, float, str))}
+            )
+            guard.close()
+    return {
+        "setup": setup.name,
+        "arm": arm,
+        "losses": [x if math.isfinite(x) else None for x in losses],
+        "seconds": round(time.perf_counter() - started, 1),
+        "summary": summary,
+    }
+
+
+def _job(job: tuple[str, str]) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return train(SETUPS[job[0]], job[1])
+
+
+def _final(losses: list) -> float:
+    tail = losses[-FINAL_STEPS:]
+    if not tail or any(x is None for x in tail):
+        return math.inf
+    return sum(tail) / len(tail)
+
+
+def _onset(losses: list) -> int | None:
+    import pandas as pd
+
+    from collapse_guard.runfiles.label import label_run
+
+    loss = [math.nan if x is None else x for x in losses]
+    frame = pd.DataFrame({"step": range(len(loss)), "loss": loss})
+    frame["loss_nonfinite"] = frame["loss"].isna().astype(float)
+    return label_run(frame).onset_step
+
+
+def _report(rows: dict[tuple[str, str], dict]) -> None:
+    print("| set-up | optimizer | unguarded (onset) | guarded | rescues | safe | guarded - safe |")
+    print("|---|---|---|---|---|---|---|")
+    collapsed, saved, quiet = [], [], []
+    for name, setup in SETUPS.items():
+        arms = {arm: rows.get((name, arm)) for arm in ARMS}
+        if any(row is None for row in arms.values()):
+            continue
+        final = {arm: _final(row["losses"]) for arm, row in arms.items()}
+        onset = _onset(arms["unguarded"]["losses"])
+        guarded_onset = _onset(arms["guarded"]["losses"])
+        gap = final["guarded"] - final["safe"]
+        if onset is None:
+            quiet.append((final["guarded"] - final["unguarded"], name))
+        else:
+            collapsed.append(name)
+            if guarded_onset is None and gap <= 0.05:
+                saved.append(name)
+        onset_text = "healthy" if onset is None else f"collapsed {onset}"
+        rescues = arms["guarded"]["summary"].get("rescues", "-")
+        print(
+            f"| {name} | {setup.optimizer} | {final['unguarded']:.3f} ({onset_text}) | "
+            f"{final['guarded']:.3f} | {rescues} | {final['safe']:.3f} | {gap:+.3f} |"
+        )
+    missed = ", ".join(sorted(set(collapsed) - set(saved))) or "none"
+    print(f"\ncollapses saved (no onset, within 0.05 nats of the safe run): "
+          f"{len(saved)}/{len(collapsed)} (missed: {missed})")  # fmt: skip
+    if quiet:
+        diffs = sorted(d for d, _ in quiet)
+        worst = max(quiet)
+        print(f"not collapsing, guarded - unguarded: median {diffs[len(diffs) // 2]:+.3f}, "
+              f"worst {worst[0]:+.3f} ({worst[1]}), {len(quiet)} set-ups")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="results, JSON lines")
+    parser.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # for the spawned workers
+    done = {}
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            row = json.loads(line)
+            done[row["setup"], row["arm"]] = row
+    jobs = [(s, a) for s in args.setups for a in args.arms if (s, a) not in done]
+    if not args.report_only and jobs:
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+            with args.out.open("a") as out:
+                for row in pool.imap_unordered(_job, jobs):
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                    done[row["setup"], row["arm"]] = row
+                    print(f"{row['setup']:>18} {row['arm']:<10} {_final(row['losses']):.3f} "
+                          f"{row['seconds']} s", flush=True)  # fmt: skip
+    _report(done)
+
+
+if __name__ == "__main__":
+    main()

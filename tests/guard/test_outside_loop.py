@@ -1,0 +1,48 @@
+"""benchmarks/outside_loop.py: a GPT and a loop written apart from the project, guarded
+through the public API alone. Its schedules, and a quiet guard in that loop training the
+plain loop's run to the last bit."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = Path(__file__).parents[2] / "benchmarks" / "outside_loop.py"
+    spec = importlib.util.spec_from_file_location("outside_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["outside_loop"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["outside_loop"]
+
+
+def test_the_schedules_warm_up_rise_and_decay_as_named(bench):
+    cosine = bench.SETUPS["adamw_hot"]  # peak 3e-2, warmup 100, cosine to 0.1x over 600
+    assert bench.lr_at(cosine, 99, 3e-2) == pytest.approx(3e-2)
+    assert bench.lr_at(cosine, 599, 3e-2) == pytest.approx(3e-3, rel=1e-3)
+    ramp = bench.SETUPS["adamw_ramp1000"]  # 1e-3 -> 1.0 geometric over steps 250-450
+    assert bench.lr_at(ramp, 249, 1.0) == pytest.approx(1e-3)
+    assert bench.lr_at(ramp, 350, 1.0) == pytest.approx(math.sqrt(1e-3 * 1.0))
+    assert bench.lr_at(ramp, 500, 1.0) == 1.0
+    assert bench.lr_at(ramp, 500, 1e-3) == 1e-3  # the safe arm: no rise at all
+    rewarm = bench.SETUPS["adamw_rewarm_hi"]  # 3e-3 -> 0.3 linear over steps 300-400
+    assert bench.lr_at(rewarm, 350, 0.3) == pytest.approx((3e-3 + 0.3) / 2)
+
+
+def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
+    """40 steps of a healthy set-up: no rule fires, so the guarded losses are the unguarded
+    ones bit for bit; the safe arm's lower LR trains another run."""
+    setup = replace(bench.SETUPS["adamw_hot"], steps=40)
+    plain, guarded = bench.train(setup, "unguarded"), bench.train(setup, "guarded")
+    assert guarded["summary"]["rescues"] == 0 and guarded["summary"]["skipped"] == 0
+    assert guarded["losses"] == plain["losses"] and len(plain["losses"]) == 40
+    assert bench.train(setup, "safe")["losses"][5:] != plain["losses"][5:]
+    assert plain["losses"][-1] < plain["losses"][0] - 0.2  # it learns
