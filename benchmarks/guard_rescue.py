@@ -152,6 +152,7 @@ from reference_rules import QK_TAU, KimiClip, OLMoSkip, ZClip
 __all__ = [
     "bigram_entropy",
     "drawn_adamw_cases",
+    "label_losses",
     "main",
     "pick_configs",
     "result_row",
@@ -468,7 +469,8 @@ def train_plain(config, rule: str = "none") -> dict:
 # ------------------------------------------------------------------ one task
 
 
-def _label(losses: list[float]) -> tuple[int | None, str | None]:
+def label_losses(losses: list[float]) -> tuple[int | None, str | None]:
+    """The label's onset and kind of a run's losses, one a step (non-finite ones flagged)."""
     import pandas as pd
 
     from collapse_guard.runfiles.label import label_run
@@ -560,7 +562,7 @@ def result_row(task: dict, config, result: dict, seconds: float) -> dict:
     from collapse_guard.datasets.real.onset import onset_kind
 
     losses = result.pop("losses")
-    onset, kind = _label(losses)
+    onset, kind = label_losses(losses)
     _, gap = onset_kind(config.triggers(), onset)
     bigram, best = bigram_entropy(config), _best(losses)
     healthy = onset is None and not result.get("gave_up", False)

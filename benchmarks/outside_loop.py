@@ -302,14 +302,9 @@ def _final(losses: list) -> float:
 
 
 def _onset(losses: list) -> int | None:
-    import pandas as pd
+    from guard_rescue import label_losses  # beside this file: python puts its folder first
 
-    from collapse_guard.runfiles.label import label_run
-
-    loss = [math.nan if x is None else x for x in losses]
-    frame = pd.DataFrame({"step": range(len(loss)), "loss": loss})
-    frame["loss_nonfinite"] = frame["loss"].isna().astype(float)
-    return label_run(frame).onset_step
+    return label_losses([math.nan if x is None else x for x in losses])[0]
 
 
 def _report(rows: dict[tuple[str, str], dict]) -> None:
