@@ -10,7 +10,10 @@ unguarded; ``Guard(model, optimizer, checkpoint_dir=...)``, ``guard.batches`` an
 ``guard.step(loss)`` guarded, with the bundled model and the default policy: the public API
 and nothing else. Optimizers: AdamW, SGD with momentum, Lion (the project's, as a user
 would bring one from a package), torch's Muon on the hidden matrices chained with AdamW on
-the rest (``ChainedOptimizer``). None of these set-ups took part in choosing a guard rule.
+the rest (``ChainedOptimizer``). Two rounds of 18 set-ups: the second (from
+``adamw_slow_ramp`` on: slow ramps, step changes of the LR, no clipping, beta2 0.999, wider
+and deeper models, each its own seed) made after the first had been read. None of these
+set-ups took part in choosing a guard rule.
 
 Each set-up is trained by three arms on the same batches: ``unguarded``, ``guarded``, and
 ``safe`` (unguarded at the set-up's safe peak LR: what the run learns when it is not pushed
@@ -19,8 +22,8 @@ losses; a collapse is *saved* when the guarded run has no onset and ends within 
 the safe run (issue 32's bar; the final loss is the mean of the last 50 losses). On the
 set-ups that do not collapse the guarded run is compared with the unguarded one.
 
-Usage (about 30 minutes for the 18 set-ups on 2 cores; results appended to ``--out`` and
-read back, so a rerun skips what is done)::
+Usage (about 12 minutes a round on 2 cores; results appended to ``--out`` and read back,
+so a rerun skips what is done; ``--setups`` picks some)::
 
     OMP_WAIT_POLICY=passive python benchmarks/outside_loop.py --out outside.jsonl
     python benchmarks/outside_loop.py --out outside.jsonl --report-only
@@ -63,11 +66,13 @@ class Setup:
     tied: bool = False
     steps: int = 600
     schedule: str = "cosine"  # cosine to 0.1x | constant | ramp (geometric) | rewarm (linear)
+    # | jump (``base`` to the peak at ``rise_from``)
     rise_from: int = 250  # ramp / rewarm: the rise from ``base`` to the peak
     rise_to: int = 450
     base: float = 0.0
     clip: float = 1.0
     seed: int = 0
+    beta2: float = 0.95
 
 
 SETUPS: dict[str, Setup] = {
@@ -94,18 +99,44 @@ SETUPS: dict[str, Setup] = {
         Setup("sgd_noclip", "sgd", 2.0, 0.3, warmup=150, clip=0.0),
         Setup("muon_hot", "muon", 0.5, 0.02, warmup=150),
         Setup("muon_rewarm", "muon", 0.5, 0.02, schedule="rewarm", base=0.02),
+        # the second round, made after the first had been read
+        Setup("adamw_slow_ramp", "adamw", 0.1, 2e-3, schedule="ramp", base=2e-3, layers=3,
+              width=96, steps=1000, rise_from=200, rise_to=900, seed=1),
+        Setup("adamw_noclip", "adamw", 3e-2, 3e-3, clip=0.0, seed=2),
+        Setup("adamw_b2_999", "adamw", 2e-2, 2e-3, beta2=0.999, schedule="constant", seed=3),
+        Setup("adamw_jump", "adamw", 0.1, 3e-3, schedule="jump", base=3e-3, rise_from=300,
+              seed=4),
+        Setup("adamw_wide", "adamw", 2e-2, 2e-3, layers=4, width=128, heads=8, seed=5),
+        Setup("adamw_post_short", "adamw", 1e-2, 1e-3, post_ln=True, warmup=10, seed=6),
+        Setup("adamw_tied_hot", "adamw", 3e-2, 3e-3, tied=True, positions=False, seed=7),
+        Setup("adamw_deep_rewarm", "adamw", 5e-2, 2e-3, layers=6, schedule="rewarm",
+              base=2e-3, rise_from=300, rise_to=500, steps=800, seed=8),
+        Setup("adamw_post_rewarm", "adamw", 5e-2, 2e-3, post_ln=True, schedule="rewarm",
+              base=2e-3, seed=9),
+        Setup("adamw_long_ramp", "adamw", 0.3, 1e-3, schedule="ramp", base=1e-3, steps=1000,
+              rise_from=300, rise_to=900, seed=10),
+        Setup("lion_rewarm", "lion", 1e-2, 3e-4, schedule="rewarm", base=3e-4, seed=11),
+        Setup("lion_ramp", "lion", 0.1, 1e-4, schedule="ramp", base=1e-4, seed=12),
+        Setup("sgd_ramp", "sgd", 10.0, 0.1, schedule="ramp", base=0.1, seed=13),
+        Setup("sgd_noclip_hot", "sgd", 4.0, 0.3, clip=0.0, warmup=50, seed=14),
+        Setup("sgd_jump", "sgd", 5.0, 0.3, schedule="jump", base=0.3, rise_from=300, seed=15),
+        Setup("muon_ramp", "muon", 2.0, 0.02, schedule="ramp", base=0.02, seed=16),
+        Setup("muon_const", "muon", 0.3, 0.02, schedule="constant", warmup=50, seed=17),
+        Setup("muon_wide", "muon", 0.4, 0.02, layers=4, width=128, heads=8, seed=18),
     )
 }  # fmt: skip
 
 
 def lr_at(setup: Setup, step: int, peak: float) -> float:
     """The LR the loop sets at ``step`` for a schedule peaking at ``peak``."""
-    if setup.schedule in ("ramp", "rewarm"):
+    if setup.schedule in ("ramp", "rewarm", "jump"):
         base = min(setup.base, peak)
         if step < setup.warmup:
             return base * (step + 1) / setup.warmup
         if step < setup.rise_from:
             return base
+        if setup.schedule == "jump":
+            return peak
         if step >= setup.rise_to:
             return peak
         share = (step - setup.rise_from) / (setup.rise_to - setup.rise_from)
@@ -213,7 +244,7 @@ def _optimizer(setup: Setup, model, lr: float):
 
     params = list(model.parameters())
     if setup.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, setup.beta2), weight_decay=0.1)
     if setup.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if setup.optimizer == "lion":

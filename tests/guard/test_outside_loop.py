@@ -35,6 +35,20 @@ def test_the_schedules_warm_up_rise_and_decay_as_named(bench):
     assert bench.lr_at(ramp, 500, 1e-3) == 1e-3  # the safe arm: no rise at all
     rewarm = bench.SETUPS["adamw_rewarm_hi"]  # 3e-3 -> 0.3 linear over steps 300-400
     assert bench.lr_at(rewarm, 350, 0.3) == pytest.approx((3e-3 + 0.3) / 2)
+    jump = bench.SETUPS["adamw_jump"]  # 3e-3, a step change to 0.1 at step 300
+    assert [bench.lr_at(jump, s, 0.1) for s in (299, 300, 599)] == [3e-3, 0.1, 0.1]
+    assert bench.lr_at(jump, 300, 3e-3) == 3e-3  # the safe arm stays at the base
+
+
+def test_the_second_round_is_apart_from_the_first(bench):
+    """The second round's 18 set-ups, made after the first had been read: each its own
+    seed (its language and initial weights), none a first-round set-up again."""
+    names = list(bench.SETUPS)
+    second = [bench.SETUPS[n] for n in names[names.index("adamw_slow_ramp") :]]
+    assert len(second) == 18 and len(names) == 36
+    assert sorted(s.seed for s in second) == list(range(1, 19))
+    first = {replace(bench.SETUPS[n], name="", seed=0) for n in names[:18]}
+    assert not first & {replace(s, name="", seed=0) for s in second}
 
 
 def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
