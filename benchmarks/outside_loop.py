@@ -32,6 +32,7 @@ so a rerun skips what is done; ``--setups`` picks some)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import multiprocessing
@@ -73,6 +74,11 @@ class Setup:
     clip: float = 1.0
     seed: int = 0
     beta2: float = 0.95
+    scheduler: str = "manual"  # the LR set on the groups by the loop | lambda (torch's
+    # LambdaLR over the same schedule) | onecycle (torch's OneCycleLR, its own schedule)
+    accumulate: int = 1  # micro-batches a step (the loss each divided by this)
+    rms: bool = False  # RMSNorm and a SwiGLU MLP (else LayerNorm and GELU)
+    round: int = 1  # the set-ups' round: each made after the one before had been read
 
 
 SETUPS: dict[str, Setup] = {
@@ -99,30 +105,60 @@ SETUPS: dict[str, Setup] = {
         Setup("sgd_noclip", "sgd", 2.0, 0.3, warmup=150, clip=0.0),
         Setup("muon_hot", "muon", 0.5, 0.02, warmup=150),
         Setup("muon_rewarm", "muon", 0.5, 0.02, schedule="rewarm", base=0.02),
-        # the second round, made after the first had been read
         Setup("adamw_slow_ramp", "adamw", 0.1, 2e-3, schedule="ramp", base=2e-3, layers=3,
-              width=96, steps=1000, rise_from=200, rise_to=900, seed=1),
-        Setup("adamw_noclip", "adamw", 3e-2, 3e-3, clip=0.0, seed=2),
-        Setup("adamw_b2_999", "adamw", 2e-2, 2e-3, beta2=0.999, schedule="constant", seed=3),
+              width=96, steps=1000, rise_from=200, rise_to=900, seed=1, round=2),
+        Setup("adamw_noclip", "adamw", 3e-2, 3e-3, clip=0.0, seed=2, round=2),
+        Setup("adamw_b2_999", "adamw", 2e-2, 2e-3, beta2=0.999, schedule="constant", seed=3,
+              round=2),
         Setup("adamw_jump", "adamw", 0.1, 3e-3, schedule="jump", base=3e-3, rise_from=300,
-              seed=4),
-        Setup("adamw_wide", "adamw", 2e-2, 2e-3, layers=4, width=128, heads=8, seed=5),
-        Setup("adamw_post_short", "adamw", 1e-2, 1e-3, post_ln=True, warmup=10, seed=6),
-        Setup("adamw_tied_hot", "adamw", 3e-2, 3e-3, tied=True, positions=False, seed=7),
+              seed=4, round=2),
+        Setup("adamw_wide", "adamw", 2e-2, 2e-3, layers=4, width=128, heads=8, seed=5, round=2),
+        Setup("adamw_post_short", "adamw", 1e-2, 1e-3, post_ln=True, warmup=10, seed=6, round=2),
+        Setup("adamw_tied_hot", "adamw", 3e-2, 3e-3, tied=True, positions=False, seed=7, round=2),
         Setup("adamw_deep_rewarm", "adamw", 5e-2, 2e-3, layers=6, schedule="rewarm",
-              base=2e-3, rise_from=300, rise_to=500, steps=800, seed=8),
+              base=2e-3, rise_from=300, rise_to=500, steps=800, seed=8, round=2),
         Setup("adamw_post_rewarm", "adamw", 5e-2, 2e-3, post_ln=True, schedule="rewarm",
-              base=2e-3, seed=9),
+              base=2e-3, seed=9, round=2),
         Setup("adamw_long_ramp", "adamw", 0.3, 1e-3, schedule="ramp", base=1e-3, steps=1000,
-              rise_from=300, rise_to=900, seed=10),
-        Setup("lion_rewarm", "lion", 1e-2, 3e-4, schedule="rewarm", base=3e-4, seed=11),
-        Setup("lion_ramp", "lion", 0.1, 1e-4, schedule="ramp", base=1e-4, seed=12),
-        Setup("sgd_ramp", "sgd", 10.0, 0.1, schedule="ramp", base=0.1, seed=13),
-        Setup("sgd_noclip_hot", "sgd", 4.0, 0.3, clip=0.0, warmup=50, seed=14),
-        Setup("sgd_jump", "sgd", 5.0, 0.3, schedule="jump", base=0.3, rise_from=300, seed=15),
-        Setup("muon_ramp", "muon", 2.0, 0.02, schedule="ramp", base=0.02, seed=16),
-        Setup("muon_const", "muon", 0.3, 0.02, schedule="constant", warmup=50, seed=17),
-        Setup("muon_wide", "muon", 0.4, 0.02, layers=4, width=128, heads=8, seed=18),
+              rise_from=300, rise_to=900, seed=10, round=2),
+        Setup("lion_rewarm", "lion", 1e-2, 3e-4, schedule="rewarm", base=3e-4, seed=11, round=2),
+        Setup("lion_ramp", "lion", 0.1, 1e-4, schedule="ramp", base=1e-4, seed=12, round=2),
+        Setup("sgd_ramp", "sgd", 10.0, 0.1, schedule="ramp", base=0.1, seed=13, round=2),
+        Setup("sgd_noclip_hot", "sgd", 4.0, 0.3, clip=0.0, warmup=50, seed=14, round=2),
+        Setup("sgd_jump", "sgd", 5.0, 0.3, schedule="jump", base=0.3, rise_from=300, seed=15,
+              round=2),
+        Setup("muon_ramp", "muon", 2.0, 0.02, schedule="ramp", base=0.02, seed=16, round=2),
+        Setup("muon_const", "muon", 0.3, 0.02, schedule="constant", warmup=50, seed=17, round=2),
+        Setup("muon_wide", "muon", 0.4, 0.02, layers=4, width=128, heads=8, seed=18, round=2),
+        Setup("adamw_lambda_ramp", "adamw", 0.5, 1e-3, schedule="ramp", base=1e-3,
+              scheduler="lambda", warmup=40, seed=21, round=3),
+        Setup("adamw_onecycle_hot", "adamw", 0.1, 3e-3, scheduler="onecycle", seed=22, round=3),
+        Setup("adamw_onecycle_ok", "adamw", 3e-3, 3e-3, scheduler="onecycle", seed=23, round=3),
+        Setup("adamw_accum_rewarm", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, accumulate=4, seed=24, round=3),
+        Setup("adamw_accum_ok", "adamw", 3e-3, 3e-3, accumulate=2, seed=25, round=3),
+        Setup("adamw_rms_hot", "adamw", 3e-2, 3e-3, rms=True, seed=26, round=3),
+        Setup("adamw_rms_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, rms=True,
+              warmup=40, seed=27, round=3),
+        Setup("adamw_deep8_ramp", "adamw", 0.3, 1e-3, schedule="ramp", base=1e-3, layers=8,
+              warmup=40, seed=28, round=3),
+        Setup("lion_lambda_rewarm", "lion", 3e-2, 3e-4, schedule="rewarm", base=3e-4,
+              scheduler="lambda", seed=29, round=3),
+        Setup("lion_rms_x5", "lion", 0.05, 3e-4, rms=True, warmup=150, schedule="constant",
+              seed=30, round=3),
+        Setup("sgd_lambda_ramp", "sgd", 20.0, 0.1, schedule="ramp", base=0.1,
+              scheduler="lambda", seed=31, round=3),
+        Setup("sgd_onecycle_hot", "sgd", 8.0, 0.3, scheduler="onecycle", seed=32, round=3),
+        Setup("sgd_accum_jump", "sgd", 8.0, 0.3, schedule="jump", base=0.3, rise_from=300,
+              accumulate=2, seed=33, round=3),
+        Setup("muon_rms_rewarm", "muon", 1.0, 0.02, schedule="rewarm", base=0.02, rms=True,
+              seed=34, round=3),
+        Setup("muon_accum_hot", "muon", 0.6, 0.02, accumulate=2, warmup=150, seed=35, round=3),
+        Setup("adamw_rms_jump", "adamw", 0.3, 3e-3, schedule="jump", base=3e-3, rise_from=300,
+              rms=True, seed=36, round=3),
+        Setup("adamw_rms_ok", "adamw", 3e-3, 3e-3, rms=True, seed=37, round=3),
+        Setup("adamw_lambda_long", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3,
+              scheduler="lambda", steps=1000, rise_from=300, rise_to=900, seed=38, round=3),
     )
 }  # fmt: skip
 
@@ -172,14 +208,31 @@ def _model(setup: Setup):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.out(y.transpose(1, 2).reshape(b, t, d))
 
+    class SwiGLU(nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            hidden = 8 * width // 3
+            self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
+            self.down = nn.Linear(hidden, width, bias=False)
+
+        def forward(self, x):
+            gate, up = self.gate_up(x).chunk(2, -1)
+            return self.down(F.silu(gate) * up)
+
+    Norm = nn.RMSNorm if setup.rms else nn.LayerNorm
+
     class Block(nn.Module):
         def __init__(self, width: int, heads: int, post_ln: bool):
             super().__init__()
             self.post_ln = post_ln
-            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.norm1, self.norm2 = Norm(width), Norm(width)
             self.attention = Attention(width, heads)
-            self.mlp = nn.Sequential(
-                nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            self.mlp = (
+                SwiGLU(width)
+                if setup.rms
+                else nn.Sequential(
+                    nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+                )
             )
 
         def forward(self, x):
@@ -200,7 +253,7 @@ def _model(setup: Setup):
             self.blocks = nn.ModuleList(
                 Block(width, setup.heads, setup.post_ln) for _ in range(setup.layers)
             )
-            self.norm = nn.LayerNorm(width)
+            self.norm = Norm(width)
             self.head = nn.Linear(width, VOCAB, bias=False)
             if setup.tied:
                 self.head.weight = self.embedding.weight
@@ -264,6 +317,20 @@ def _optimizer(setup: Setup, model, lr: float):
     return ChainedOptimizer(muon, adamw)
 
 
+def _scheduler(setup: Setup, optimizer, peak: float):
+    """torch's scheduler the loop steps after each step (None: the loop sets the LR)."""
+    from torch.optim import lr_scheduler
+
+    if setup.scheduler == "lambda":
+        for group in optimizer.param_groups:
+            group["lr"] = peak
+        return lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(setup, step, peak) / peak)
+    if setup.scheduler == "onecycle":  # cycles AdamW's beta1 and SGD's momentum too
+        share = min(0.5, setup.warmup / setup.steps)
+        return lr_scheduler.OneCycleLR(optimizer, peak, setup.steps + 1, pct_start=share)
+    return None
+
+
 def _groups(optimizer) -> list[dict]:
     inner = getattr(optimizer, "optimizers", None)
     return [g for o in inner for g in o.param_groups] if inner else optimizer.param_groups
@@ -280,20 +347,24 @@ def train(setup: Setup, arm: str) -> dict:
     model, probs = _model(setup), _language(setup.seed)
     peak = setup.safe_lr if arm == "safe" else setup.lr
     optimizer = _optimizer(setup, model, lr_at(setup, 0, peak))
+    scheduler = _scheduler(setup, optimizer, peak)
     generator = torch.Generator().manual_seed(setup.seed + 99)
-    batches = (_sample(probs, generator) for _ in range(3 * setup.steps))
+    batches = (_sample(probs, generator) for _ in range(3 * setup.steps * setup.accumulate))
     losses, summary, started = [], {}, time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         guard = Guard(model, optimizer, checkpoint_dir=folder) if arm == "guarded" else None
-        for step, batch in enumerate(guard.batches(batches) if guard else batches):
-            if step >= setup.steps:
-                break
-            for group in _groups(optimizer):
-                group["lr"] = lr_at(setup, step, peak)
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-            loss.backward()
-            losses.append(loss.item())
+        source = iter(guard.batches(batches) if guard else batches)
+        for step in range(setup.steps):
+            if scheduler is None:
+                for group in _groups(optimizer):
+                    group["lr"] = lr_at(setup, step, peak)
+            loss = 0.0
+            for batch in itertools.islice(source, setup.accumulate):
+                logits = model(batch[:, :-1])
+                part = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+                (part / setup.accumulate).backward()
+                loss = loss + part.detach() / setup.accumulate
+            losses.append(float(loss))
             if guard is None:
                 if setup.clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), setup.clip)
@@ -305,6 +376,8 @@ def train(setup: Setup, arm: str) -> dict:
                     summary["gave_up"] = str(stop)[:200]
                     break
             optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
         if guard is not None:
             summary.update(
                 {k: v for k, v in guard.summary().items() if isinstance(v, (int, float, str))}
@@ -338,12 +411,12 @@ def _onset(losses: list) -> int | None:
     return label_losses([math.nan if x is None else x for x in losses])[0]
 
 
-def _report(rows: dict[tuple[str, str], dict]) -> None:
+def _report(rows: dict[tuple[str, str], dict], names: list[str]) -> None:
     print("| set-up | optimizer | unguarded (onset) | guarded | rescues | safe | guarded - safe |")
     print("|---|---|---|---|---|---|---|")
     collapsed, saved, quiet = [], [], []
-    for name, setup in SETUPS.items():
-        arms = {arm: rows.get((name, arm)) for arm in ARMS}
+    for name in names:
+        setup, arms = SETUPS[name], {arm: rows.get((name, arm)) for arm in ARMS}
         if any(row is None for row in arms.values()):
             continue
         final = {arm: _final(row["losses"]) for arm, row in arms.items()}
@@ -376,10 +449,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="results, JSON lines")
     parser.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
+    parser.add_argument("--round", type=int, choices=(1, 2, 3), help="this round's set-ups")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
+    if args.round:
+        args.setups = [n for n in args.setups if SETUPS[n].round == args.round]
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # for the spawned workers
     done = {}
     if args.out.exists():
@@ -396,7 +472,7 @@ def main() -> None:
                     done[row["setup"], row["arm"]] = row
                     print(f"{row['setup']:>18} {row['arm']:<10} {_final(row['losses']):.3f} "
                           f"{row['seconds']} s", flush=True)  # fmt: skip
-    _report(done)
+    _report(done, args.setups)
 
 
 if __name__ == "__main__":

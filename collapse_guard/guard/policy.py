@@ -118,13 +118,15 @@ class GuardPolicy:
     # checkpoint written, kept for rewind_loss_gap):
     average_span: int = 300  # steps back from the newest; the default ring (3 checkpoints
     # 100 steps apart) spans 200, and a wider one was broken by skips or excursions
-    rewind_loss_gap: float = 0.15  # nats: a developed collapse's rescue (decision.DEVELOPED:
+    rewind_loss_gap: float = 0.05  # nats: a developed collapse's rescue (decision.DEVELOPED:
     # the online label's, a warn's rise) rolls back past the ring to the best checkpoint the
     # ring wrote when the newest's
     # recorded loss stands this far over the best's: the ring's checkpoints were healthy
     # by every rule yet trained worse (an LR past the edge that the loss slowly could not
     # absorb); 0 = off. Over the noise of a recorded loss (a mean of 20 batches: a few
-    # hundredths) and under the label's smallest margin (0.25)
+    # hundredths) and under the label's smallest margin (0.25). 0.15 until 2026-12-07: a
+    # slow ramp's loss creeps up 0.06-0.15 nats before its collapse, and the ring's average
+    # kept that creep (docs/decisions.md 26)
     restart_window: int = 50  # the first rescue (of a collapse, not of an LR jump) within
     # this many steps of the end of the loop's first LR rise (its warmup: the first step whose
     # LR did not rise) restarts from the weights the guard started with (``guard-origin.pt``,

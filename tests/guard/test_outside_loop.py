@@ -40,15 +40,15 @@ def test_the_schedules_warm_up_rise_and_decay_as_named(bench):
     assert bench.lr_at(jump, 300, 3e-3) == 3e-3  # the safe arm stays at the base
 
 
-def test_the_second_round_is_apart_from_the_first(bench):
-    """The second round's 18 set-ups, made after the first had been read: each its own
-    seed (its language and initial weights), none a first-round set-up again."""
-    names = list(bench.SETUPS)
-    second = [bench.SETUPS[n] for n in names[names.index("adamw_slow_ramp") :]]
-    assert len(second) == 18 and len(names) == 36
-    assert sorted(s.seed for s in second) == list(range(1, 19))
-    first = {replace(bench.SETUPS[n], name="", seed=0) for n in names[:18]}
-    assert not first & {replace(s, name="", seed=0) for s in second}
+def test_each_round_is_apart_from_the_ones_before(bench):
+    """Three rounds of 18 set-ups, each made after the one before had been read: each later
+    set-up its own seed (its language and initial weights), none an earlier one again."""
+    rounds = {r: [s for s in bench.SETUPS.values() if s.round == r] for r in (1, 2, 3)}
+    assert [len(setups) for setups in rounds.values()] == [18, 18, 18]
+    seeds = [s.seed for r in (2, 3) for s in rounds[r]]
+    assert len(set(seeds)) == 36 and 0 not in seeds
+    shapes = [{replace(s, name="", seed=0, round=0) for s in rounds[r]} for r in (1, 2, 3)]
+    assert not (shapes[0] & shapes[1] or shapes[0] & shapes[2] or shapes[1] & shapes[2])
 
 
 def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
@@ -60,3 +60,13 @@ def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
     assert guarded["losses"] == plain["losses"] and len(plain["losses"]) == 40
     assert bench.train(setup, "safe")["losses"][5:] != plain["losses"][5:]
     assert plain["losses"][-1] < plain["losses"][0] - 0.2  # it learns
+
+
+def test_a_quiet_guard_leaves_torch_s_scheduler_and_accumulation_alone(bench):
+    """The third round's loop: torch's LambdaLR stepped after ``guard.step``, two
+    micro-batches a step. Quiet, the guard trains the plain run bit for bit: it reads the LR
+    the scheduler set and gives it back."""
+    setup = replace(bench.SETUPS["adamw_accum_ok"], steps=30, scheduler="lambda")
+    plain, guarded = bench.train(setup, "unguarded"), bench.train(setup, "guarded")
+    assert guarded["summary"]["rescues"] == 0 and guarded["summary"]["skipped"] == 0
+    assert guarded["losses"] == plain["losses"] and len(plain["losses"]) == 30
