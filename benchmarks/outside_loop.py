@@ -10,10 +10,12 @@ unguarded; ``Guard(model, optimizer, checkpoint_dir=...)``, ``guard.batches`` an
 ``guard.step(loss)`` guarded, with the bundled model and the default policy: the public API
 and nothing else. Optimizers: AdamW, SGD with momentum, Lion (the project's, as a user
 would bring one from a package), torch's Muon on the hidden matrices chained with AdamW on
-the rest (``ChainedOptimizer``). Two rounds of 18 set-ups: the second (from
-``adamw_slow_ramp`` on: slow ramps, step changes of the LR, no clipping, beta2 0.999, wider
-and deeper models, each its own seed) made after the first had been read. None of these
-set-ups took part in choosing a guard rule.
+the rest (``ChainedOptimizer``). Four rounds of 18 set-ups (``Setup.round``), each made
+after the one before had been read, each later set-up its own seed: the second slow ramps,
+step changes of the LR, no clipping, beta2 0.999, wider and deeper models; the third torch's
+``LambdaLR`` and ``OneCycleLR`` stepped after ``guard.step``, gradient accumulation, RMSNorm
+with SwiGLU, 8 layers; the fourth these mixed. The second and third rounds' misses chose
+``GuardPolicy.rewind_loss_gap`` (docs/decisions.md 26); the fourth came after it.
 
 Each set-up is trained by three arms on the same batches: ``unguarded``, ``guarded``, and
 ``safe`` (unguarded at the set-up's safe peak LR: what the run learns when it is not pushed
@@ -159,6 +161,36 @@ SETUPS: dict[str, Setup] = {
         Setup("adamw_rms_ok", "adamw", 3e-3, 3e-3, rms=True, seed=37, round=3),
         Setup("adamw_lambda_long", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3,
               scheduler="lambda", steps=1000, rise_from=300, rise_to=900, seed=38, round=3),
+        Setup("adamw_ramp300", "adamw", 0.3, 1e-3, schedule="ramp", base=1e-3, width=96,
+              layers=3, rise_from=200, rise_to=500, seed=41, round=4),
+        Setup("adamw_onecycle_x30", "adamw", 0.09, 3e-3, scheduler="onecycle", layers=4,
+              seed=42, round=4),
+        Setup("adamw_rewarm_lambda", "adamw", 0.2, 2e-3, schedule="rewarm", base=2e-3,
+              scheduler="lambda", rise_from=350, rise_to=450, seed=43, round=4),
+        Setup("adamw_post_rms_ramp", "adamw", 0.5, 1e-3, schedule="ramp", base=1e-3,
+              post_ln=True, rms=True, warmup=60, seed=44, round=4),
+        Setup("adamw_accum_ramp", "adamw", 0.4, 1e-3, schedule="ramp", base=1e-3,
+              accumulate=2, warmup=60, rise_from=200, rise_to=400, seed=45, round=4),
+        Setup("adamw_wide_rewarm", "adamw", 0.1, 2e-3, schedule="rewarm", base=2e-3,
+              width=128, heads=8, seed=46, round=4),
+        Setup("adamw_nopos_jump", "adamw", 0.3, 3e-3, schedule="jump", base=3e-3,
+              positions=False, rise_from=250, seed=47, round=4),
+        Setup("adamw_b2_999_ramp", "adamw", 0.3, 1e-3, schedule="ramp", base=1e-3,
+              beta2=0.999, warmup=60, seed=48, round=4),
+        Setup("adamw_ok_long", "adamw", 3e-3, 3e-3, steps=900, layers=3, seed=49, round=4),
+        Setup("lion_onecycle", "lion", 0.02, 3e-4, scheduler="onecycle", seed=50, round=4),
+        Setup("lion_ramp_slow", "lion", 0.03, 1e-4, schedule="ramp", base=1e-4, steps=900,
+              rise_from=250, rise_to=750, seed=51, round=4),
+        Setup("sgd_rewarm", "sgd", 6.0, 0.3, schedule="rewarm", base=0.3, seed=52, round=4),
+        Setup("sgd_lambda_hot", "sgd", 5.0, 0.3, scheduler="lambda", warmup=80, seed=53,
+              round=4),
+        Setup("sgd_ok", "sgd", 0.3, 0.3, seed=54, round=4),
+        Setup("muon_lambda", "muon", 0.5, 0.02, scheduler="lambda", seed=55, round=4),
+        Setup("muon_jump", "muon", 0.8, 0.02, schedule="jump", base=0.02, rise_from=300,
+              seed=56, round=4),
+        Setup("muon_ramp_slow", "muon", 1.0, 0.02, schedule="ramp", base=0.02, steps=900,
+              rise_from=250, rise_to=750, seed=57, round=4),
+        Setup("muon_ok", "muon", 0.02, 0.02, seed=58, round=4),
     )
 }  # fmt: skip
 
@@ -449,7 +481,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="results, JSON lines")
     parser.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
-    parser.add_argument("--round", type=int, choices=(1, 2, 3), help="this round's set-ups")
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), help="this round's set-ups")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")

@@ -41,14 +41,14 @@ def test_the_schedules_warm_up_rise_and_decay_as_named(bench):
 
 
 def test_each_round_is_apart_from_the_ones_before(bench):
-    """Three rounds of 18 set-ups, each made after the one before had been read: each later
+    """Four rounds of 18 set-ups, each made after the one before had been read: each later
     set-up its own seed (its language and initial weights), none an earlier one again."""
-    rounds = {r: [s for s in bench.SETUPS.values() if s.round == r] for r in (1, 2, 3)}
-    assert [len(setups) for setups in rounds.values()] == [18, 18, 18]
-    seeds = [s.seed for r in (2, 3) for s in rounds[r]]
-    assert len(set(seeds)) == 36 and 0 not in seeds
-    shapes = [{replace(s, name="", seed=0, round=0) for s in rounds[r]} for r in (1, 2, 3)]
-    assert not (shapes[0] & shapes[1] or shapes[0] & shapes[2] or shapes[1] & shapes[2])
+    rounds = {r: [s for s in bench.SETUPS.values() if s.round == r] for r in (1, 2, 3, 4)}
+    assert [len(setups) for setups in rounds.values()] == [18] * 4
+    seeds = [s.seed for r in (2, 3, 4) for s in rounds[r]]
+    assert len(set(seeds)) == 54 and 0 not in seeds
+    shapes = [{replace(s, name="", seed=0, round=0) for s in rounds[r]} for r in rounds]
+    assert sum(map(len, shapes)) == len(set().union(*shapes)) == 72  # no shape twice
 
 
 def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
