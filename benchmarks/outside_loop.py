@@ -363,11 +363,6 @@ def _scheduler(setup: Setup, optimizer, peak: float):
     return None
 
 
-def _groups(optimizer) -> list[dict]:
-    inner = getattr(optimizer, "optimizers", None)
-    return [g for o in inner for g in o.param_groups] if inner else optimizer.param_groups
-
-
 def train(setup: Setup, arm: str) -> dict:
     """One set-up by one arm, in the user's loop: its losses and the guard's summary."""
     import torch
@@ -388,7 +383,7 @@ def train(setup: Setup, arm: str) -> dict:
         source = iter(guard.batches(batches) if guard else batches)
         for step in range(setup.steps):
             if scheduler is None:
-                for group in _groups(optimizer):
+                for group in optimizer.param_groups:  # ChainedOptimizer's are its parts
                     group["lr"] = lr_at(setup, step, peak)
             loss = 0.0
             for batch in itertools.islice(source, setup.accumulate):
@@ -481,7 +476,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="results, JSON lines")
     parser.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
-    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), help="this round's set-ups")
+    rounds = sorted({setup.round for setup in SETUPS.values()})
+    parser.add_argument("--round", type=int, choices=rounds, help="this round's set-ups")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
