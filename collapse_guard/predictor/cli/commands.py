@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.cli.options import HOLD, SEED, STRIDE, train_config
+from collapse_guard.predictor.cli.options import HOLD, POSITIVES, SEED, STRIDE, train_config
 
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.cli.tables import (
@@ -51,6 +51,7 @@ def train_command(
     seed: Annotated[int, SEED] = 0,
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
+    positives_within: Annotated[int | None, POSITIVES] = None,
     dask: Annotated[
         str | None,
         typer.Option(
@@ -77,7 +78,9 @@ def train_command(
     from collapse_guard.predictor.training.train import train_risk_model
     from collapse_guard.runfiles.records import find_run_files
 
-    config = train_config(seed=seed, stride=stride, hold_steps=hold_steps)
+    config = train_config(
+        seed=seed, stride=stride, hold_steps=hold_steps, positives_within=positives_within
+    )
     console = Console()
     paths = find_run_files(runs)
     console.log(f"{len(paths)} run files")
@@ -147,6 +150,7 @@ def evaluate_command(
     ] = 0,
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
+    positives_within: Annotated[int | None, POSITIVES] = None,
     reference: Annotated[
         bool,
         typer.Option(
@@ -178,7 +182,11 @@ def evaluate_command(
         )
     # --leave-one-out's models train as `collapse-guard train` would, on these settings
     config = train_config(
-        seed=seed, stride=stride, hold_steps=hold_steps, eval_budget_per_10k=budget
+        seed=seed,
+        stride=stride,
+        hold_steps=hold_steps,
+        positives_within=positives_within,
+        eval_budget_per_10k=budget,
     )
     records = _labelled_records(console, load_runs(find_run_files(runs)))
     if leave_one_out is not None:

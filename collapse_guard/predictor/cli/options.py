@@ -11,7 +11,7 @@ import typer
 
 from collapse_guard.errors import UserInputError
 
-__all__ = ["HOLD", "SEED", "STRIDE", "train_config"]
+__all__ = ["HOLD", "POSITIVES", "SEED", "STRIDE", "train_config"]
 
 SEED = typer.Option(help="Seeds the run split, LightGBM and the learned baselines.")
 STRIDE = typer.Option(
@@ -23,8 +23,21 @@ HOLD = typer.Option(
     "the last N steps; 0: each window's own). Default: predictor.core.hold.DEFAULT_HOLD_STEPS."
 )
 
+POSITIVES = typer.Option(
+    help="A collapse trains as positives its rows within N steps of the onset; those further "
+    "ahead inside the horizon train nothing (0: every row of the horizon). Default: "
+    "predictor.training.data.POSITIVES_WITHIN."
+)
 
-def train_config(*, seed: int, stride: int | None, hold_steps: int | None, **more):
+
+def train_config(
+    *,
+    seed: int,
+    stride: int | None,
+    hold_steps: int | None,
+    positives_within: int | None = None,
+    **more,
+):
     """The ``TrainConfig`` of the flags, a bad value named by its flag."""
     if stride is not None and stride < 1:
         raise UserInputError(f"--stride must be 1 or more steps; got {stride}", "e.g. --stride 10")
@@ -34,5 +47,15 @@ def train_config(*, seed: int, stride: int | None, hold_steps: int | None, **mor
         )
     from collapse_guard.predictor.training.config import TrainConfig
 
-    given = {"stride": stride, "hold_steps": hold_steps}
-    return TrainConfig(seed=seed, **{k: v for k, v in given.items() if v is not None}, **more)
+    if positives_within is not None and not 0 <= positives_within <= TrainConfig.horizon:
+        raise UserInputError(
+            f"--positives-within must be 0 to the horizon ({TrainConfig.horizon}) steps; "
+            f"got {positives_within}",
+            "e.g. --positives-within 100 (0: every row of the horizon)",
+        )
+
+    given = {"stride": stride, "hold_steps": hold_steps, "positives_within": positives_within}
+    given = {k: v for k, v in given.items() if v is not None}
+    if given.get("positives_within") == 0:
+        given["positives_within"] = None  # every row of the horizon
+    return TrainConfig(seed=seed, **given, **more)

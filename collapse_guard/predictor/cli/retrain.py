@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.cli.options import HOLD, STRIDE, train_config
+from collapse_guard.predictor.cli.options import HOLD, POSITIVES, STRIDE, train_config
 
 __all__ = ["retrain"]
 
@@ -102,6 +102,7 @@ def retrain(
     seed: Annotated[int, typer.Option(help="Seeds the split, LightGBM and the benchmark.")] = 0,
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
+    positives_within: Annotated[int | None, POSITIVES] = None,
     recalibrate: Annotated[
         bool,
         typer.Option(
@@ -117,7 +118,9 @@ def retrain(
     Running it again after a crash finishes the job; running it again after it finished
     changes nothing.
     """
-    config = train_config(seed=seed, stride=stride, hold_steps=hold_steps)
+    config = train_config(
+        seed=seed, stride=stride, hold_steps=hold_steps, positives_within=positives_within
+    )
     _use_tracking_uri(tracking_uri)
     from rich.console import Console
 

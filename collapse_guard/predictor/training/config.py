@@ -25,7 +25,11 @@ from collapse_guard.predictor.core.calibration import CALIBRATION_METHODS
 from collapse_guard.predictor.core.hold import DEFAULT_HOLD_STEPS
 from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE
-from collapse_guard.predictor.training.data import DEFAULT_FRACTIONS, MODEL_SIGNALS
+from collapse_guard.predictor.training.data import (
+    DEFAULT_FRACTIONS,
+    MODEL_SIGNALS,
+    POSITIVES_WITHIN,
+)
 from collapse_guard.runfiles.label import HORIZON
 
 __all__ = ["TrainConfig"]
@@ -40,6 +44,9 @@ class TrainConfig:
     horizon: int = HORIZON  # steps ahead predicted (H)
     stride: int = DEFAULT_STRIDE  # training rows every stride-th step (core.model says why)
     hold_steps: int = DEFAULT_HOLD_STEPS  # the levels are set on the risk held this long
+    # the rows a collapse trains as positives: those within this many steps of its onset,
+    # the rows further ahead inside the horizon left out (data.near_positives); None: all
+    positives_within: int | None = POSITIVES_WITHIN
     # healthy steps between false alarms, per level (core.levels)
     budgets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS  # train / validation / test shares
@@ -67,6 +74,12 @@ class TrainConfig:
                     f"{name} must be at least 1 step; got {getattr(self, name)}",
                     f"e.g. {name}={getattr(TrainConfig, name)}",
                 )
+        if self.positives_within is not None and not 1 <= self.positives_within <= self.horizon:
+            raise UserInputError(
+                f"positives_within must be 1 to the horizon ({self.horizon}) steps, or None; "
+                f"got {self.positives_within}",
+                "e.g. positives_within=100",
+            )
         if self.hold_steps < 0:
             raise UserInputError(
                 f"hold_steps must be 0 or more steps; got {self.hold_steps}", "e.g. 50"

@@ -40,11 +40,13 @@ from collapse_guard.signals import SIGNALS
 __all__ = [
     "DEFAULT_FRACTIONS",
     "MODEL_SIGNALS",
+    "POSITIVES_WITHIN",
     "RowCache",
     "RunSplit",
     "TrainingData",
     "build_training_data",
     "concat_rows",
+    "near_positives",
     "require_trainable_split",
     "run_rows",
     "split_runs",
@@ -63,6 +65,12 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)  # train, validation, test: shares of the ru
 MODEL_SIGNALS: tuple[str, ...] = tuple(
     s.name for s in SIGNALS if s.group not in ("system", "optimizer", "line")
 )
+
+# The positives a collapse trains by default: every row of the horizon (None). Fewer
+# (near_positives) caught more collapses at the stored levels on held-out families at the
+# same ranking and a shorter lead; not the default until the guard is measured with it
+# (benchmarks/README.md, "Positives near the onset").
+POSITIVES_WITHIN: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,34 @@ class TrainingData:
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def take(self, keep: np.ndarray | slice) -> TrainingData:
+        """The rows ``keep`` selects (a boolean mask or a slice), in order."""
+        return TrainingData(
+            X=self.X.iloc[keep].reset_index(drop=True),
+            y=self.y[keep],
+            groups=self.groups[keep],
+            source=self.source[keep],
+            steps=self.steps[keep],
+        )
+
+
+def near_positives(
+    data: TrainingData, runs: Sequence[RunRecord], within: int | None
+) -> TrainingData:
+    """``data`` without the positive rows more than ``within`` steps before their run's onset.
+
+    Why: a collapse caused by an LR rise is, 100-200 steps ahead, a run in the middle of a
+    rise that looks as healthy as it then is; taught as positives, those rows teach "the
+    LR is rising" and the risk of every healthy rise goes up with it. Left out (neither
+    positive nor healthy), the model learns from the rows where the run's response shows.
+    The alarms are still counted 10-200 steps ahead (the horizon). ``None``: all kept.
+    """
+    if within is None:
+        return data
+    onsets = {r.run_id: r.meta.onset_step for r in runs if r.meta.onset_step is not None}
+    onset = np.array([onsets.get(str(g), -1) for g in data.groups], dtype=np.int64)
+    return data.take((data.y == 0) | (onset - data.steps <= within))
 
 
 def _row_steps(frame: pd.DataFrame, meta: RunMeta, *, stride: int, horizon: int) -> np.ndarray:
@@ -345,11 +381,5 @@ def _per_run(data: TrainingData, runs: Sequence[RunRecord]) -> dict[str, Trainin
     starts = np.r_[0, np.flatnonzero(data.groups[1:] != data.groups[:-1]) + 1, len(data)]
     out: dict[str, TrainingData | None] = {r.run_id: None for r in runs}  # None: no rows
     for a, b in itertools.pairwise(starts):
-        out[str(data.groups[a])] = TrainingData(
-            X=data.X.iloc[a:b].reset_index(drop=True),
-            y=data.y[a:b],
-            groups=data.groups[a:b],
-            source=data.source[a:b],
-            steps=data.steps[a:b],
-        )
+        out[str(data.groups[a])] = data.take(slice(a, b))
     return out

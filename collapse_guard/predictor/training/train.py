@@ -74,6 +74,7 @@ from collapse_guard.predictor.training.data import (
     RunSplit,
     TrainingData,
     build_training_data,
+    near_positives,
     require_trainable_split,
     split_runs,
 )
@@ -206,6 +207,8 @@ def fit_risk_model(
     common = {"stride": config.stride, "horizon": config.horizon}
     train = _rows(rows, train_runs, extractor, "features: train runs", progress, **common)
     val = _rows(rows, val_runs, extractor, "features: validation runs", progress, **common)
+    train = near_positives(train, train_runs, config.positives_within)
+    val = near_positives(val, val_runs, config.positives_within)
     _log(progress, f"fitting LightGBM on {len(train)} rows (early stopping on {len(val)})")
     predictor = CollapsePredictor(
         horizon=config.horizon, random_state=config.seed, **dict(config.params)

@@ -66,6 +66,8 @@ def test_no_runs_says_how_to_make_some(tmp_path):
         (["--leave-one-out", "colour"], "--leave-one-out must be one of"),
         (["--leave-one-out", "family", "--hold-steps", "-1"], "--hold-steps must be 0 or more"),
         (["--leave-one-out", "family", "--stride", "0"], "--stride must be 1 or more"),
+        (["--leave-one-out", "family", "--positives-within", "-1"], "--positives-within must"),
+        (["--leave-one-out", "family", "--positives-within", "201"], "to the horizon (200)"),
     ],
 )
 def test_the_commands_own_checks_raise_user_input_errors(tmp_path, runs_dir, args, words):
@@ -140,13 +142,14 @@ def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
     monkeypatch.setattr(fleet, "fleet_client", no_cluster)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory.getbasetemp()))
     args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
-    args += ["--hold-steps", "20", "--stride", "25", "--seed", "4"]
+    args += ["--hold-steps", "20", "--stride", "25", "--seed", "4", "--positives-within", "80"]
     result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
     assert result.exit_code == 0, result.output
     rows = cached_training[0]["rows"]
     assert rows.func is fleet.cluster_rows and rows.keywords == {"client": "client for local"}
     config = cached_training[0]["config"]
     assert (config.hold_steps, config.stride, config.seed) == (20, 25, 4)
+    assert config.positives_within == 80
     assert "not registered" in result.output
 
 
@@ -244,6 +247,11 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
     config = calls[0]["config"]
     assert (config.seed, config.hold_steps, config.stride) == (3, 20, 30)
     assert config.eval_budget_per_10k == 2.0 and calls[0]["by"] == "family"
+    assert config.positives_within is None  # the default: every row of the horizon
+    runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--positives-within", "0"])
+    assert calls[1]["config"].positives_within is None  # 0: every row, as the default
+    runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--positives-within", "90"])
+    assert calls[2]["config"].positives_within == 90
 
 
 def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):

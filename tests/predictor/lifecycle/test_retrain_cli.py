@@ -86,7 +86,8 @@ def test_dask_goes_through_the_same_training(store, base):
 
 
 def test_retrain_takes_the_training_options_train_takes(app, tmp_path, monkeypatch):
-    """--seed, --stride and --hold-steps reach retrain as one TrainConfig (train's surface)."""
+    """--seed, --stride, --hold-steps and --positives-within reach retrain as one TrainConfig
+    (train's surface)."""
     import collapse_guard.predictor.lifecycle.retrain as lifecycle_retrain
     from collapse_guard.errors import UserInputError
 
@@ -98,10 +99,15 @@ def test_retrain_takes_the_training_options_train_takes(app, tmp_path, monkeypat
 
     monkeypatch.setattr(lifecycle_retrain, "retrain", capture)
     args = ["retrain", "--runs", str(tmp_path), "--base", str(tmp_path / "base")]
-    args += ["--seed", "5", "--stride", "20", "--hold-steps", "0"]
+    args += ["--seed", "5", "--stride", "20", "--hold-steps", "0", "--positives-within", "120"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "captured" in result.output, result.output
     config = seen[0]["config"]
-    assert (config.seed, config.stride, config.hold_steps) == (5, 20, 0)
+    assert (config.seed, config.stride, config.hold_steps, config.positives_within) == (
+        5,
+        20,
+        0,
+        120,
+    )
     bad = CliRunner().invoke(app, ["retrain", "--runs", str(tmp_path), "--hold-steps", "-2"])
     assert bad.exit_code == 2 and "--hold-steps must be 0 or more steps" in bad.output

@@ -257,9 +257,34 @@ def test_one_frozen_config_is_what_the_training_ran_and_what_the_model_records(t
         config.replace(hold=3)
     with pytest.raises(UserInputError, match="stride must be at least 1 step; got 0"):
         TrainConfig(stride=0)
+    assert config.positives_within is None  # every row of the horizon
+    with pytest.raises(UserInputError, match=r"positives_within must be 1 to the horizon \(200\)"):
+        TrainConfig(positives_within=201)
     with pytest.raises(UserInputError, match="calibration must be one of platt, isotonic"):
         TrainConfig(calibration="beta")
     budgets = {"watch": 10, "warn": 100, "critical": 1000}
     mine = TrainConfig(budgets=budgets)
     budgets["warn"] = 1  # the caller's dict changed later changes no config
     assert mine.budgets["warn"] == 100 and TrainConfig.of(mine, seed=2).budgets["warn"] == 100
+
+
+def test_the_fit_trains_a_collapse_on_its_rows_near_the_onset_when_asked(run_records):
+    from predictor_settings import FAST_PARAMS
+
+    from collapse_guard.features import FeatureExtractor
+    from collapse_guard.predictor.training.config import TrainConfig
+    from collapse_guard.predictor.training.data import build_training_data, near_positives
+    from collapse_guard.predictor.training.train import fit_risk_model
+
+    split = split_runs([r.meta for r in run_records], seed=0)
+    train = [r for r in run_records if r.run_id in split.train]
+    val = [r for r in run_records if r.run_id in split.validation]
+    config = TrainConfig(stride=10, params=FAST_PARAMS, positives_within=60)
+    model, _ = fit_risk_model(train, val, config)
+    rows = build_training_data(train, FeatureExtractor(), stride=10)
+    near = near_positives(rows, train, 60)
+    assert model.meta["train_positive_rows"] == near.y.sum() < rows.y.sum() * 0.4
+    assert (
+        model.meta["train_rows"] == len(near)
+        and model.meta["train_config"]["positives_within"] == 60
+    )

@@ -10,7 +10,11 @@ import pytest
 
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
-from collapse_guard.predictor.training.data import build_training_data, split_runs
+from collapse_guard.predictor.training.data import (
+    build_training_data,
+    near_positives,
+    split_runs,
+)
 from collapse_guard.runfiles import RunMeta, write_run
 from collapse_guard.runfiles.label import HORIZON, LabelRule, collapse_targets
 from collapse_guard.runfiles.records import RunRecord, data_fingerprint, find_run_files, load_runs
@@ -92,6 +96,24 @@ def test_a_sudden_collapse_gives_no_positive_rows_and_one_that_develops_does(run
     early = develops.steps < onset - HORIZON
     np.testing.assert_array_equal(sudden.steps, develops.steps[early])
     pd.testing.assert_frame_equal(sudden.X, develops.X[early].reset_index(drop=True))
+
+
+def test_a_collapse_trains_as_positives_only_its_rows_near_the_onset(run_records):
+    data = build_training_data(run_records, FeatureExtractor(), stride=10)
+    onsets = {r.run_id: r.meta.onset_step for r in run_records}
+    ahead = np.array(
+        [(onsets[g] or 10**9) - s for g, s in zip(data.groups, data.steps, strict=True)]
+    )
+    near = near_positives(data, run_records, 60)
+    # the healthy rows all kept, in order; the positives 61-200 steps ahead left out
+    assert (near.y == 0).sum() == (data.y == 0).sum()
+    far = (data.y == 1) & (ahead > 60)
+    assert far.sum() >= 100 and len(near) == len(data) - far.sum()
+    assert near.y.sum() == ((data.y == 1) & (ahead <= 60)).sum() > 0
+    kept = ~far
+    np.testing.assert_array_equal(near.steps, data.steps[kept])
+    pd.testing.assert_frame_equal(near.X, data.X[kept].reset_index(drop=True))
+    assert near_positives(data, run_records, None) is data  # every row of the horizon
 
 
 def test_fingerprint_ignores_order_but_not_labels_or_lengths():
