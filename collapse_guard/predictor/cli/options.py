@@ -53,9 +53,7 @@ def train_config(
             f"got {positives_within}",
             "e.g. --positives-within 100 (0: every row of the horizon)",
         )
-
-    given = {"stride": stride, "hold_steps": hold_steps, "positives_within": positives_within}
-    given = {k: v for k, v in given.items() if v is not None}
-    if given.get("positives_within") == 0:
-        given["positives_within"] = None  # every row of the horizon
+    given = {k: v for k, v in {"stride": stride, "hold_steps": hold_steps}.items() if v is not None}
+    if positives_within is not None:
+        given["positives_within"] = positives_within or None  # 0: every row of the horizon
     return TrainConfig(seed=seed, **given, **more)
