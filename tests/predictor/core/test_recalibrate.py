@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from collapse_guard.cli import app
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS, episode_counts
+from collapse_guard.predictor.core.levels import episode_counts
 from collapse_guard.predictor.core.recalibrate import (
     MIN_PEAK_SPREAD,
     MIN_TAIL_SLOPE,
@@ -28,6 +28,9 @@ from collapse_guard.predictor.core.recalibrate import (
 from collapse_guard.predictor.core.risk import RiskModel
 from collapse_guard.predictor.core.seen_runs import SeenRuns
 from collapse_guard.runfiles import read_meta
+
+# budgets fixed here, not the defaults: the arithmetic below is worked at them
+BUDGETS = {"watch": 1_000, "warn": 10_000, "critical": 100_000}
 
 
 def _expit(z: float) -> float:
@@ -52,7 +55,7 @@ def test_one_spike_a_run_puts_a_certified_watch_just_above_it_and_extrapolates_t
         risk = np.full(1_000, 0.1)
         risk[100 + 50 * k] = 0.5
         runs.append(risk)
-    levels = healthy_levels(runs, DEFAULT_BUDGETS)
+    levels = healthy_levels(runs, BUDGETS)
     assert levels["watch"].threshold == np.nextafter(0.5, np.inf)
     assert levels["watch"].certified and levels["watch"].episodes == 0
     assert levels["watch"].basis == "steps"
@@ -76,7 +79,7 @@ def test_certified_level_holds_its_budget_on_fresh_healthy_steps():
     # i.i.d. uniform risks: an episode starts at step i when r_(i-1) < t <= r_i, at the
     # rate t (1 - t); the budget of 1/1,000 needs t >= 0.999. 200,000 steps certify it.
     rng = np.random.default_rng(0)
-    level = healthy_levels([rng.random(200_000)], DEFAULT_BUDGETS)["watch"]
+    level = healthy_levels([rng.random(200_000)], BUDGETS)["watch"]
     assert level.certified
     assert 0.999 < level.threshold < 0.9994  # the bound costs little at 200 episodes
     fresh = [rng.random(100_000) for _ in range(10)]
@@ -87,7 +90,7 @@ def test_certified_level_holds_its_budget_on_fresh_healthy_steps():
 def test_flat_tails_rise_at_least_the_floor_slope_and_nan_never_alarms():
     # one run: NaN (no window yet), then a constant risk: no tail to read
     risk = np.concatenate([np.full(50, np.nan), np.full(950, 0.2)])
-    levels = healthy_levels([risk], DEFAULT_BUDGETS)
+    levels = healthy_levels([risk], BUDGETS)
     top = math.log(0.2 / 0.8)
     # watch: 950 steps certify nothing (2,303 needed): log10(2,303 / 1,000) decades up
     assert levels["watch"].threshold == pytest.approx(
@@ -102,7 +105,7 @@ def test_calibrated_levels_catch_what_the_stored_ones_miss():
     # levels set on another set-up's scale (0.8) never warn, its own do
     rng = np.random.default_rng(1)
     healthy = [_expit_array(rng.normal(-2.2, 0.15, 2_000)) for _ in range(10)]
-    levels = healthy_levels(healthy, DEFAULT_BUDGETS)
+    levels = healthy_levels(healthy, BUDGETS)
     assert levels["warn"].threshold < 0.4 < 0.8
     fresh = [_expit_array(rng.normal(-2.2, 0.15, 2_000)) for _ in range(20)]
     (false_alarms,) = episode_counts(fresh, np.array([levels["warn"].threshold]))
@@ -147,7 +150,7 @@ def test_calibrate_keeps_the_booster_and_names_its_runs(bundled, tuned, healthy_
     loaded = RiskModel.load(tuned.save(tmp_path / "tuned"))
     assert loaded.thresholds == tuned.thresholds
     assert loaded.meta["version"] == tuned.meta["version"]
-    assert loaded.meta["levels_evidence"]["warn"]["steps_needed"] == 23_026
+    assert loaded.meta["levels_evidence"]["warn"]["steps_needed"] == 11_513  # 1 per 5,000
     # the method is the function
     assert bundled.calibrate(healthy_fresh).thresholds == tuned.thresholds
 
@@ -197,21 +200,23 @@ def test_calibrate_command_writes_a_model_and_says_what_backs_each_level(
         app, ["calibrate", "--runs", *map(str, healthy_fresh), "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    # 22 healthy runs of about 860 steps: watch (a new run may alarm with 86 %) certified,
-    # warn (8.6 %) and critical (0.86 %) not: 26 and 267 runs would certify them
-    assert "certified" in result.output and "26 runs certify it" in result.output
+    # 22 healthy runs of about 860 steps: watch (a new run may alarm with 86 %) and warn
+    # (17 %: the bundled model's budget, 1 per 5,000) certified, critical (0.86 %) not: 267
+    # runs would certify it
+    assert "certified" in result.output and "267 runs certify it" in result.output
     tuned = RiskModel.load(out)
     assert tuned.meta["base_version"] == RiskModel.load().meta["version"]
     notes = {level: e["note"] for level, e in tuned.meta["levels_evidence"].items()}
-    assert notes["warn"].startswith(
-        "warn: not certified: 22 healthy runs certify at most a 9.9% chance that a new run "
-        "alarms (90% confidence; 4.3% expected); its budget, 1 false alarm per 10,000 steps "
-        "over runs of 859 steps, is a 8.6% chance; 4 more healthy runs, none reaching it, "
+    assert notes["critical"].startswith(
+        "critical: not certified: 22 healthy runs certify at most a 9.9% chance that a new run "
+        "alarms (90% confidence; 4.3% expected); its budget, 1 false alarm per 100,000 steps "
+        "over runs of 859 steps, is a 0.86% chance; 245 more healthy runs, none reaching it, "
         "would certify that"
     )
     lines = result.output.splitlines()
-    assert notes["warn"] in lines and notes["critical"] in lines  # each one line, as stored
-    assert not any(line.startswith("watch:") for line in lines)  # certified: no warning
+    assert notes["critical"] in lines  # one line, as stored
+    # certified: no warning
+    assert not any(line.startswith(("watch:", "warn:")) for line in lines)
     again = runner.invoke(
         app, ["calibrate", "--runs", str(fresh_paths[0].parent), "--out", str(tmp_path / "x")]
     )

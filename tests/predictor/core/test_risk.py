@@ -69,7 +69,7 @@ def test_risk_ignores_the_scale_of_scale_dependent_signals(model, frame, factor)
     scaled[moved] *= factor
     for m in (model, RiskModel.load()):  # the test's model and the bundled default
         base, got = m.predict_run(frame, stride=5), m.predict_run(scaled, stride=5)
-        assert base.std() > 0.01  # the risk moves along the run: a real comparison
+        assert base.std() > 0.005  # the risk moves along the run: a real comparison
         np.testing.assert_allclose(got.to_numpy(), base.to_numpy(), rtol=0, atol=1e-12)
 
 
