@@ -30,6 +30,7 @@ from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.training.config import TrainConfig
 
 __all__ = [
+    "BUNDLE_POSITIVES_WITHIN",
     "DEFAULT_SYNTHETIC",
     "MAX_BYTES",
     "build_default_model",
@@ -40,6 +41,10 @@ __all__ = [
 
 MAX_BYTES = 5 * 1024 * 1024  # shipped in the wheel: keep it small
 DEFAULT_SYNTHETIC = 0  # synthetic runs did not help on held-out families (module docstring)
+# a collapse's positives: its rows within 100 steps of the onset; 100-200 steps ahead of a
+# collapse an LR rise causes, the run looks as healthy as the rise it is in (held-out families:
+# 52-55 % of the develops caught at warn against 48 % on every row; benchmarks/README.md)
+BUNDLE_POSITIVES_WITHIN = 100
 
 
 def folder_bytes(folder: Path) -> int:
@@ -115,7 +120,8 @@ def build_default_model(
     """Train on synthetic (+ real) runs and write the model folder ``out``.
 
     ``config`` (``settings`` over it, e.g. ``seed=3``): the training, as
-    ``train_risk_model``'s; its seed also draws the synthetic runs.
+    ``train_risk_model``'s; its seed also draws the synthetic runs. Without one, a collapse
+    trains on its rows within ``BUNDLE_POSITIVES_WITHIN`` steps of the onset.
 
     A model already in ``out`` is replaced only by one trained on no fewer runs and no
     fewer collapses, unless ``force`` (``check_replacement``, before any training).
@@ -126,6 +132,8 @@ def build_default_model(
     from collapse_guard.predictor.training.train import train_risk_model
     from collapse_guard.runfiles.records import find_run_files
 
+    if config is None:
+        settings.setdefault("positives_within", BUNDLE_POSITIVES_WITHIN)
     config = TrainConfig.of(config, **settings)
     seed = config.seed
     if not real and synthetic <= 0:

@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from collapse_guard.cli import app
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.training.data import POSITIVES_WITHIN
 
 runner = CliRunner()
 
@@ -248,9 +247,9 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
     config = calls[0]["config"]
     assert (config.seed, config.hold_steps, config.stride) == (3, 20, 30)
     assert config.eval_budget_per_10k == 2.0 and calls[0]["by"] == "family"
-    assert config.positives_within == POSITIVES_WITHIN == 100  # the default
+    assert config.positives_within is None  # the default: every row of the horizon
     runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--positives-within", "0"])
-    assert calls[1]["config"].positives_within is None  # 0: every row of the horizon
+    assert calls[1]["config"].positives_within is None  # 0: every row, as the default
     runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--positives-within", "90"])
     assert calls[2]["config"].positives_within == 90
 

@@ -29,6 +29,8 @@ def cached_training(tmp_path_factory, monkeypatch):
     def fake(paths, config, **kwargs):
         calls.append(list(paths))
         assert config.seed == SEED  # the bundle's seed trains the model too
+        # a collapse's positives: its rows near the onset, unlike train's default of every row
+        assert config.positives_within == bundle.BUNDLE_POSITIVES_WITHIN == 100
         return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)
@@ -80,6 +82,8 @@ def test_the_shipped_model_loads_and_is_small():
     # real runs only (the corpus pack), of four families, with levels that hold on a family
     # it never saw
     assert model.meta["bundle"]["real"] >= 600 and model.meta["bundle"]["synthetic"] == 0
+    assert model.meta["train_config"]["positives_within"] == 100
+    assert model.budgets["warn"] == 5_000  # 2 false alarms per 10k healthy steps
     assert model.meta["levels_from"] == {
         "runs": "cross-fitted",
         "by": "family",

@@ -257,7 +257,7 @@ def test_one_frozen_config_is_what_the_training_ran_and_what_the_model_records(t
         config.replace(hold=3)
     with pytest.raises(UserInputError, match="stride must be at least 1 step; got 0"):
         TrainConfig(stride=0)
-    assert config.positives_within == 100  # the rows within 100 steps of the onset
+    assert config.positives_within is None  # every row of the horizon
     with pytest.raises(UserInputError, match=r"positives_within must be 1 to the horizon \(200\)"):
         TrainConfig(positives_within=201)
     with pytest.raises(UserInputError, match="calibration must be one of platt, isotonic"):
