@@ -70,7 +70,8 @@ MODEL_SIGNALS: tuple[str, ...] = tuple(
 # model trains on those within 100 steps of the onset (lifecycle.bundle.BUNDLE_POSITIVES_WITHIN):
 # on real runs of held-out families that caught more collapses at the same ranking, but on the
 # short synthetic runs of the tests a small model trained so ranked the test rows at ROC-AUC 0.42
-# (0.67 on every row): not a default for any data (benchmarks/README.md, "warn at 1 per 5,000").
+# (0.67 on every row): the bundled model's choice, not train's (benchmarks/README.md, "warn at
+# 1 per 5,000").
 POSITIVES_WITHIN: int | None = None
 
 
