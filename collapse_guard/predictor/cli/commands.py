@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.cli.options import HOLD, POSITIVES, SEED, STRIDE, train_config
+from collapse_guard.predictor.cli.options import (
+    HOLD,
+    POSITIVES,
+    RISE_WEIGHT,
+    SEED,
+    STRIDE,
+    train_config,
+)
 
 # light: rich is imported only when a table is built
 from collapse_guard.predictor.cli.tables import (
@@ -52,6 +59,7 @@ def train_command(
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
     positives_within: Annotated[int | None, POSITIVES] = None,
+    healthy_rise_weight: Annotated[float | None, RISE_WEIGHT] = None,
     dask: Annotated[
         str | None,
         typer.Option(
@@ -79,7 +87,11 @@ def train_command(
     from collapse_guard.runfiles.records import find_run_files
 
     config = train_config(
-        seed=seed, stride=stride, hold_steps=hold_steps, positives_within=positives_within
+        seed=seed,
+        stride=stride,
+        hold_steps=hold_steps,
+        positives_within=positives_within,
+        healthy_rise_weight=healthy_rise_weight,
     )
     console = Console()
     paths = find_run_files(runs)
@@ -151,6 +163,7 @@ def evaluate_command(
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
     positives_within: Annotated[int | None, POSITIVES] = None,
+    healthy_rise_weight: Annotated[float | None, RISE_WEIGHT] = None,
     reference: Annotated[
         bool,
         typer.Option(
@@ -186,6 +199,7 @@ def evaluate_command(
         stride=stride,
         hold_steps=hold_steps,
         positives_within=positives_within,
+        healthy_rise_weight=healthy_rise_weight,
         eval_budget_per_10k=budget,
     )
     records = _labelled_records(console, load_runs(find_run_files(runs)))

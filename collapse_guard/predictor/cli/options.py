@@ -3,6 +3,8 @@
 
 Defaults are the config's own (``None`` here), so a default changes in one place; the
 config is built inside the command, so that ``collapse-guard --help`` imports no LightGBM.
+``retrain`` takes the flags given (:func:`training_settings`) over the champion's own
+training, the others over the defaults (:func:`train_config`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ import typer
 
 from collapse_guard.errors import UserInputError
 
-__all__ = ["HOLD", "POSITIVES", "SEED", "STRIDE", "train_config"]
+__all__ = [
+    "HOLD",
+    "POSITIVES",
+    "RISE_WEIGHT",
+    "SEED",
+    "STRIDE",
+    "train_config",
+    "training_settings",
+]
 
 SEED = typer.Option(help="Seeds the run split, LightGBM and the learned baselines.")
 STRIDE = typer.Option(
@@ -29,21 +39,39 @@ POSITIVES = typer.Option(
     "predictor.training.data.POSITIVES_WITHIN."
 )
 
+RISE_WEIGHT = typer.Option(
+    help="A healthy row inside an LR rise (the LR rose within the last 200 steps) weighs W in "
+    "the fit (1: as any row). Default: predictor.training.data.HEALTHY_RISE_WEIGHT."
+)
 
-def train_config(
+
+def train_config(**flags):
+    """The ``TrainConfig`` of the flags (:func:`training_settings`) over the defaults."""
+    from collapse_guard.predictor.training.config import TrainConfig
+
+    return TrainConfig(**training_settings(**flags))
+
+
+def training_settings(
     *,
     seed: int,
     stride: int | None,
     hold_steps: int | None,
     positives_within: int | None = None,
+    healthy_rise_weight: float | None = None,
     **more,
-):
-    """The ``TrainConfig`` of the flags, a bad value named by its flag."""
+) -> dict:
+    """The settings the flags give (those left out: absent), a bad value named by its flag."""
     if stride is not None and stride < 1:
         raise UserInputError(f"--stride must be 1 or more steps; got {stride}", "e.g. --stride 10")
     if hold_steps is not None and hold_steps < 0:
         raise UserInputError(
             f"--hold-steps must be 0 or more steps; got {hold_steps}", "e.g. --hold-steps 50"
+        )
+    if healthy_rise_weight is not None and not healthy_rise_weight > 0:
+        raise UserInputError(
+            f"--healthy-rise-weight must be a positive number; got {healthy_rise_weight}",
+            "e.g. --healthy-rise-weight 3 (1: every row weighs the same)",
         )
     from collapse_guard.predictor.training.config import TrainConfig
 
@@ -53,7 +81,8 @@ def train_config(
             f"got {positives_within}",
             "e.g. --positives-within 100 (0: every row of the horizon)",
         )
-    given = {k: v for k, v in {"stride": stride, "hold_steps": hold_steps}.items() if v is not None}
+    flags = {"stride": stride, "hold_steps": hold_steps, "healthy_rise_weight": healthy_rise_weight}
+    given = {k: v for k, v in flags.items() if v is not None}
     if positives_within is not None:
         given["positives_within"] = positives_within or None  # 0: every row of the horizon
-    return TrainConfig(seed=seed, **given, **more)
+    return {"seed": seed, **given, **more}

@@ -17,7 +17,13 @@ from typing import Annotated
 import typer
 
 from collapse_guard.errors import UserInputError
-from collapse_guard.predictor.cli.options import HOLD, POSITIVES, STRIDE, train_config
+from collapse_guard.predictor.cli.options import (
+    HOLD,
+    POSITIVES,
+    RISE_WEIGHT,
+    STRIDE,
+    training_settings,
+)
 
 __all__ = ["retrain"]
 
@@ -103,6 +109,7 @@ def retrain(
     stride: Annotated[int | None, STRIDE] = None,
     hold_steps: Annotated[int | None, HOLD] = None,
     positives_within: Annotated[int | None, POSITIVES] = None,
+    healthy_rise_weight: Annotated[float | None, RISE_WEIGHT] = None,
     recalibrate: Annotated[
         bool,
         typer.Option(
@@ -111,15 +118,20 @@ def retrain(
         ),
     ] = True,
 ) -> None:
-    """Retrain on new runs: ingest them, train a challenger, compare it with the champion on
+    """Retrain on new runs: ingest them, train a challenger (as the champion was trained, the
+    training flags given over it), compare it with the champion on
     runs neither has seen (the new set-up's held-out runs, the frozen benchmark judging
     ranking only; or the benchmark and the new runs), promote it only by the rule.
 
     Running it again after a crash finishes the job; running it again after it finished
     changes nothing.
     """
-    config = train_config(
-        seed=seed, stride=stride, hold_steps=hold_steps, positives_within=positives_within
+    settings = training_settings(  # over the champion's own training (lifecycle.retrain)
+        seed=seed,
+        stride=stride,
+        hold_steps=hold_steps,
+        positives_within=positives_within,
+        healthy_rise_weight=healthy_rise_weight,
     )
     _use_tracking_uri(tracking_uri)
     from rich.console import Console
@@ -130,13 +142,13 @@ def retrain(
     result = run_retrain(
         runs,
         base=base,
-        config=config,
         experiment=experiment,
         dask=dask,
         require_new=True,
         recalibrate=recalibrate,
         progress=console.log,
         on_ingest=lambda report: _print_skipped(console, report),
+        **settings,
     )
     _print_guarded(console, result.ingest)
     compared = f"on {len(result.comparison_run_ids)} runs neither model saw"

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from collapse_guard.runfiles.label import HORIZON
 
@@ -146,16 +146,26 @@ class CollapsePredictor(ClassifierMixin, BaseEstimator):
         self.classes_ = classes
         return (y == classes[1]).astype(np.float64)
 
-    def fit(self, X, y, *, eval_set: tuple | None = None) -> CollapsePredictor:
+    def fit(self, X, y, sample_weight=None, *, eval_set: tuple | None = None) -> CollapsePredictor:
         """Fit on features ``X`` (DataFrame or array, NaN allowed) and binary labels ``y``.
 
-        ``eval_set=(X_val, y_val)`` turns on early stopping on validation log loss.
+        ``sample_weight``: one non-negative weight per row (None: all 1).
+        ``eval_set=(X_val, y_val)`` turns on early stopping on validation log loss
+        (unweighted: the log loss the risk is calibrated for).
         """
         for attr in ("booster_", "best_iteration_", "feature_names_in_"):
             self.__dict__.pop(attr, None)  # a refit starts from nothing
         X, y = validate_data(self, X, y, reset=True, ensure_all_finite="allow-nan")
         target = self._encode_y(y)
-        train = lgb.Dataset(X, label=target, feature_name=self._lgb_names(), free_raw_data=True)
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, X, ensure_non_negative=True)
+        train = lgb.Dataset(
+            X,
+            label=target,
+            weight=sample_weight,
+            feature_name=self._lgb_names(),
+            free_raw_data=True,
+        )
         callbacks, valid_sets = [], []
         if eval_set is not None:
             X_val = self._validated(eval_set[0])

@@ -18,7 +18,8 @@ benchmark       the frozen benchmark (``predictor.lifecycle.benchmark``): record
 set-up          new runs holding a collapse are the fleet's set-up: dealt, seeded, into
                 held-out runs and calibration runs, neither trained on
                 (``predictor.lifecycle.setup_runs``); without a collapse, none set apart
-challenger      trained on the dataset minus the benchmark and the set-up's runs set
+challenger      trained as the champion was (its recorded ``train_config``, the settings
+                given over it), on the dataset minus the benchmark and the set-up's runs set
                 apart (``train_risk_model``; with ``dask``, the training rows are computed
                 on the cluster); its levels set again on the calibration runs (else on
                 the new healthy runs it did not train on: ``predictor.core.recalibrate``),
@@ -45,6 +46,7 @@ trained again (deterministic: the same seed gives the same model).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -166,6 +168,19 @@ def _champion_model(model_name: str):
         return RiskModel.load(f"models:/{model_name}@{CHAMPION}")
     except ModelFormatError:
         return None  # a champion this code cannot run sees no run: it excludes none
+
+
+def _champion_training(model_name: str) -> TrainConfig | None:
+    """The champion's training as its meta recorded it; None without a champion or a record.
+
+    Settings this code no longer knows are dropped (a champion from another version); the
+    ones it added since take their defaults."""
+    champion = _champion_model(model_name)
+    recorded = champion.meta.get("train_config") if champion is not None else None
+    if not recorded:
+        return None
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in recorded.items() if k in known})
 
 
 def _seen_by_champion(model_name: str, run_ids: Sequence[str]) -> set[str]:
@@ -444,7 +459,9 @@ def retrain(
         config: the challenger's training (``TrainConfig``, ``settings`` over it: seed,
             stride, hold_steps, params, budgets, ...); its ``seed`` also draws the frozen
             benchmark, its ``horizon`` is how far before a guard's first intervention a
-            guarded run's rows stay labelled (``runfiles.censoring``).
+            guarded run's rows stay labelled (``runfiles.censoring``). None: the
+            champion's own training (its ``train_config``), so that a challenger differs
+            from it by the runs, not by the method; the defaults without a champion.
         dask: train on Dask: ``"local"`` or a scheduler address (``predictor.training.fleet``).
         require_new: raise ``UserInputError`` when no run among ``runs`` is accepted
             (the command: a retrain on nothing new is a mistake, not a job).
@@ -460,9 +477,9 @@ def retrain(
     """
     from collapse_guard.predictor.lifecycle.registry import DEFAULT_EXPERIMENT, MODEL_NAME
 
-    config = TrainConfig.of(config, **settings)
     experiment = experiment or DEFAULT_EXPERIMENT
     model_name = model_name or MODEL_NAME
+    config = TrainConfig.of(config or _champion_training(model_name), **settings)
     base = Path(base)
     report = ingest_runs(runs, base, horizon=config.horizon)
     _log(

@@ -15,6 +15,7 @@ meta (``train_config``), the MLflow params and retrain's idempotency key all rec
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from collapse_guard.predictor.core.levels import DEFAULT_BUDGETS
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE
 from collapse_guard.predictor.training.data import (
     DEFAULT_FRACTIONS,
+    HEALTHY_RISE_WEIGHT,
     MODEL_SIGNALS,
     POSITIVES_WITHIN,
 )
@@ -47,6 +49,8 @@ class TrainConfig:
     # the rows a collapse trains as positives: those within this many steps of its onset,
     # the rows further ahead inside the horizon left out (data.near_positives); None: all
     positives_within: int | None = POSITIVES_WITHIN
+    # what a healthy row inside an LR rise weighs in the fit (data.healthy_rise_weights)
+    healthy_rise_weight: float = HEALTHY_RISE_WEIGHT
     # healthy steps between false alarms, per level (core.levels)
     budgets: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS  # train / validation / test shares
@@ -79,6 +83,12 @@ class TrainConfig:
                 f"positives_within must be 1 to the horizon ({self.horizon}) steps, or None; "
                 f"got {self.positives_within}",
                 "e.g. positives_within=100",
+            )
+        if not (math.isfinite(self.healthy_rise_weight) and self.healthy_rise_weight > 0):
+            raise UserInputError(
+                "healthy_rise_weight must be a positive finite number; "
+                f"got {self.healthy_rise_weight}",
+                "e.g. healthy_rise_weight=3 (1: every row weighs the same)",
             )
         if self.hold_steps < 0:
             raise UserInputError(

@@ -11,7 +11,9 @@ windows collapse (leave-one-family-out, recall rose without them: benchmarks/REA
 model's probability is that of a collapse that develops, and the sudden ones are missed
 in the figures, not hidden.
 ``groups`` is the run id of each row and ``source`` its data source, so every later step
-can split, weight or report by run and by source.
+can split, weight or report by run and by source; ``in_rise`` whether the row's step lies
+in an LR rise of its run (``features.rises``, the evaluation's definition), so that the fit
+can weigh the healthy rows there (:func:`healthy_rise_weights`).
 
 Why stride 10 by default: neighbouring windows share 199 of 200 steps, so dense rows
 add almost no information but multiply training time; every 10th step keeps ~20
@@ -31,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from collapse_guard.errors import UserInputError
+from collapse_guard.features.rises import rows_in_lr_rise
 from collapse_guard.predictor.core.model import DEFAULT_STRIDE
 from collapse_guard.runfiles import RunMeta
 from collapse_guard.runfiles.label import HORIZON, collapse_targets
@@ -39,6 +42,7 @@ from collapse_guard.signals import SIGNALS
 
 __all__ = [
     "DEFAULT_FRACTIONS",
+    "HEALTHY_RISE_WEIGHT",
     "MODEL_SIGNALS",
     "POSITIVES_WITHIN",
     "RowCache",
@@ -46,6 +50,7 @@ __all__ = [
     "TrainingData",
     "build_training_data",
     "concat_rows",
+    "healthy_rise_weights",
     "near_positives",
     "require_trainable_split",
     "run_rows",
@@ -73,6 +78,14 @@ MODEL_SIGNALS: tuple[str, ...] = tuple(
 # (0.67 on every row): the bundled model's choice, not train's (benchmarks/README.md, "warn at
 # 1 per 5,000").
 POSITIVES_WITHIN: int | None = None
+
+# What a healthy row inside an LR rise weighs in the fit by default: as much as any row. The
+# false alarms of healthy runs live in their LR rises (issue 34); weighed 3, on held-out
+# families they fell there from 2.27-2.53 to 1.72-2.18 per 10k, the develops caught at warn
+# from 52-55 % to 50-53 %, the ranking inside rises unchanged (ROC-AUC 0.67-0.68): a move
+# along the same curve, as a tighter budget is, so the bundled model does not weigh them
+# (benchmarks/README.md, "Healthy rises weighed more").
+HEALTHY_RISE_WEIGHT = 1.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,7 @@ class TrainingData:
     groups: np.ndarray
     source: np.ndarray
     steps: np.ndarray
+    in_rise: np.ndarray  # bool: the row's step lies in an LR rise of its run
 
     def __len__(self) -> int:
         return len(self.y)
@@ -213,7 +227,22 @@ class TrainingData:
             groups=self.groups[keep],
             source=self.source[keep],
             steps=self.steps[keep],
+            in_rise=self.in_rise[keep],
         )
+
+
+def healthy_rise_weights(data: TrainingData, weight: float) -> np.ndarray | None:
+    """The fit's row weights: ``weight`` for the healthy rows inside an LR rise, 1 for the
+    rest; None (an unweighted fit) when ``weight`` is 1.
+
+    Why: a healthy run's highest risk comes while its LR rises (warm-up's end, a re-warm),
+    and there its false alarms live; rows there weighed more, the model pays more for
+    calling a rise that the run absorbs a collapse. The calibration, fitted on unweighted
+    validation rows, keeps the risk a probability.
+    """
+    if weight == 1.0:
+        return None
+    return np.where((data.y == 0) & data.in_rise, float(weight), 1.0)
 
 
 def near_positives(
@@ -255,6 +284,7 @@ class _RowBuffer:
         self.groups = np.empty(n, dtype=object)
         self.source = np.empty(n, dtype=object)
         self.steps = np.empty(n, dtype=np.int64)
+        self.in_rise = np.empty(n, dtype=bool)
         self.at = 0
 
     def add(self, run: RunRecord, frame: pd.DataFrame, extractor, ends, horizon: int) -> None:
@@ -264,6 +294,7 @@ class _RowBuffer:
         rows = slice(self.at, self.at + len(ends))
         self.X[rows], self.y[rows], self.steps[rows] = feats.to_numpy(), y, ends
         self.groups[rows], self.source[rows] = run.run_id, run.meta.source
+        self.in_rise[rows] = rows_in_lr_rise(self.groups[rows], ends, {run.run_id: frame})
         self.at += len(ends)
 
     def rows(self) -> TrainingData:
@@ -275,6 +306,7 @@ class _RowBuffer:
             groups=self.groups[:n],
             source=self.source[:n],
             steps=self.steps[:n],
+            in_rise=self.in_rise[:n],
         )
 
 
@@ -302,6 +334,7 @@ def concat_rows(parts: Sequence[TrainingData], n_runs: int) -> TrainingData:
         groups=np.concatenate([p.groups for p in parts]),
         source=np.concatenate([p.source for p in parts]),
         steps=np.concatenate([p.steps for p in parts]),
+        in_rise=np.concatenate([p.in_rise for p in parts]),
     )
 
 

@@ -5,8 +5,9 @@ Steps (each its own function in this package, so fleet-scale training can swap o
 1. read the runs and split them by run (``training.data.split_runs``): train /
    validation / test, stratified by outcome and source, seeded;
 2. features at every ``stride``-th step of train and validation runs;
-3. fit the LightGBM ``CollapsePredictor`` on train rows, early-stopping on
-   validation rows;
+3. fit the LightGBM ``CollapsePredictor`` on train rows (the healthy rows inside an LR
+   rise weighed ``healthy_rise_weight``: ``training.data.healthy_rise_weights``),
+   early-stopping on validation rows;
 4. calibrate on validation rows (``calibration.Calibrator``);
 5. set the level thresholds from false-alarm budgets on healthy steps scored at every
    step (all of a healthy run, a collapsing one's before onset - horizon), the risk
@@ -74,6 +75,7 @@ from collapse_guard.predictor.training.data import (
     RunSplit,
     TrainingData,
     build_training_data,
+    healthy_rise_weights,
     near_positives,
     require_trainable_split,
     split_runs,
@@ -213,7 +215,8 @@ def fit_risk_model(
     predictor = CollapsePredictor(
         horizon=config.horizon, random_state=config.seed, **dict(config.params)
     )
-    predictor.fit(train.X, train.y, eval_set=(val.X, val.y))
+    weights = healthy_rise_weights(train, config.healthy_rise_weight)
+    predictor.fit(train.X, train.y, weights, eval_set=(val.X, val.y))
     calibrator = Calibrator(config.calibration).fit(predictor.raw_proba(val.X), val.y)
     model = RiskModel(
         predictor.booster_,

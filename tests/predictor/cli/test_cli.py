@@ -143,13 +143,14 @@ def test_train_with_dask_hands_a_cluster_row_builder_to_the_pipeline(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory.getbasetemp()))
     args = ["train", "--runs", str(runs_dir), "--dask", "local", "--no-register"]
     args += ["--hold-steps", "20", "--stride", "25", "--seed", "4", "--positives-within", "80"]
+    args += ["--healthy-rise-weight", "2.5"]
     result = runner.invoke(app, [*args, "--experiment", "cli-dask"])
     assert result.exit_code == 0, result.output
     rows = cached_training[0]["rows"]
     assert rows.func is fleet.cluster_rows and rows.keywords == {"client": "client for local"}
     config = cached_training[0]["config"]
     assert (config.hold_steps, config.stride, config.seed) == (20, 25, 4)
-    assert config.positives_within == 80
+    assert config.positives_within == 80 and config.healthy_rise_weight == 2.5
     assert "not registered" in result.output
 
 
@@ -252,6 +253,18 @@ def test_leave_one_out_hands_the_seed_and_the_hold_to_the_models_it_trains(runs_
     assert calls[1]["config"].positives_within is None  # 0: every row, as the default
     runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, "--positives-within", "90"])
     assert calls[2]["config"].positives_within == 90
+    assert calls[0]["config"].healthy_rise_weight == 1.0  # the default: an unweighted fit
+    weighed = ["--positives-within", "100", "--healthy-rise-weight", "3"]
+    runner.invoke(app, ["evaluate", "--runs", str(runs_dir), *args, *weighed])
+    assert calls[3]["config"].healthy_rise_weight == 3.0  # the bundled model's training
+    bad = runner.invoke(
+        app, ["evaluate", "--runs", str(runs_dir), *args, "--healthy-rise-weight", "0"]
+    )
+    assert (
+        bad.exit_code == 2
+        and "--healthy-rise-weight must be a positive number; got 0" in bad.output
+    )
+    assert "Traceback" not in bad.output and len(calls) == 4
 
 
 def test_evaluate_warns_when_the_model_stores_no_ids(runs_dir, own_model, tmp_path):

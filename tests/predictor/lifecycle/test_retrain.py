@@ -77,6 +77,11 @@ def test_an_identical_challenger_keeps_the_alias_and_the_benchmark_is_reused(sto
     assert not second.promoted and "tie keeps the champion" in second.reason
     assert registry.champion_version() == "1"
     assert set(second.comparison_run_ids) == set(first.benchmark.run_ids)
+    # no settings: the challenger trains as the champion did, so this is the first job again
+    # (its key holds the settings; with the defaults it would train 300 rounds anew)
+    third = retrain([], base=base)
+    assert third.resumed and third.version == "1" and versions() == ["1", "2"]
+    assert version("1").meta["train_config"]["params"] == LIFECYCLE_PARAMS
 
 
 @pytest.mark.slow  # ~40 s: three trainings

@@ -86,8 +86,9 @@ def test_dask_goes_through_the_same_training(store, base):
 
 
 def test_retrain_takes_the_training_options_train_takes(app, tmp_path, monkeypatch):
-    """--seed, --stride, --hold-steps and --positives-within reach retrain as one TrainConfig
-    (train's surface)."""
+    """--seed, --stride, --hold-steps, --positives-within and --healthy-rise-weight reach
+    retrain as settings (train's surface), the flags left out absent: those the champion's
+    own training gives."""
     import collapse_guard.predictor.lifecycle.retrain as lifecycle_retrain
     from collapse_guard.errors import UserInputError
 
@@ -99,15 +100,14 @@ def test_retrain_takes_the_training_options_train_takes(app, tmp_path, monkeypat
 
     monkeypatch.setattr(lifecycle_retrain, "retrain", capture)
     args = ["retrain", "--runs", str(tmp_path), "--base", str(tmp_path / "base")]
-    args += ["--seed", "5", "--stride", "20", "--hold-steps", "0", "--positives-within", "120"]
-    result = CliRunner().invoke(app, args)
+    flags = ["--seed", "5", "--stride", "20", "--hold-steps", "0", "--positives-within", "120"]
+    result = CliRunner().invoke(app, [*args, *flags, "--healthy-rise-weight", "4"])
     assert result.exit_code == 2 and "captured" in result.output, result.output
-    config = seen[0]["config"]
-    assert (config.seed, config.stride, config.hold_steps, config.positives_within) == (
-        5,
-        20,
-        0,
-        120,
-    )
+    given = {k: seen[0][k] for k in ("seed", "stride", "hold_steps", "positives_within")}
+    assert given == {"seed": 5, "stride": 20, "hold_steps": 0, "positives_within": 120}
+    assert seen[0]["healthy_rise_weight"] == 4.0 and "config" not in seen[0]
+    CliRunner().invoke(app, [*args, "--positives-within", "0"])
+    assert seen[1]["positives_within"] is None  # 0: every row, over the champion's own
+    assert not {"stride", "hold_steps", "healthy_rise_weight"} & set(seen[1])  # left out
     bad = CliRunner().invoke(app, ["retrain", "--runs", str(tmp_path), "--hold-steps", "-2"])
     assert bad.exit_code == 2 and "--hold-steps must be 0 or more steps" in bad.output

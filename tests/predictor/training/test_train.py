@@ -260,6 +260,10 @@ def test_one_frozen_config_is_what_the_training_ran_and_what_the_model_records(t
     assert config.positives_within is None  # every row of the horizon
     with pytest.raises(UserInputError, match=r"positives_within must be 1 to the horizon \(200\)"):
         TrainConfig(positives_within=201)
+    assert config.healthy_rise_weight == 1.0  # every row weighs the same
+    for weight in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(UserInputError, match="healthy_rise_weight must be a positive finite"):
+            TrainConfig(healthy_rise_weight=weight)
     with pytest.raises(UserInputError, match="calibration must be one of platt, isotonic"):
         TrainConfig(calibration="beta")
     budgets = {"watch": 10, "warn": 100, "critical": 1000}
@@ -288,3 +292,27 @@ def test_the_fit_trains_a_collapse_on_its_rows_near_the_onset_when_asked(run_rec
         model.meta["train_rows"] == len(near)
         and model.meta["train_config"]["positives_within"] == 60
     )
+
+
+def test_healthy_rows_inside_a_rise_weighed_more_get_less_risk(run_records):
+    from predictor_settings import FAST_PARAMS
+
+    from collapse_guard.features import FeatureExtractor
+    from collapse_guard.predictor.training.config import TrainConfig
+    from collapse_guard.predictor.training.data import build_training_data
+    from collapse_guard.predictor.training.train import fit_risk_model
+
+    split = split_runs([r.meta for r in run_records], seed=0)
+    train = [r for r in run_records if r.run_id in split.train]
+    val = [r for r in run_records if r.run_id in split.validation]
+    rows = build_training_data(train, FeatureExtractor(signals=TrainConfig().signals), stride=10)
+    hard = (rows.y == 0) & rows.in_rise
+
+    def mean_risk(weight):
+        config = TrainConfig(stride=10, params=FAST_PARAMS, healthy_rise_weight=weight)
+        model, predictor = fit_risk_model(train, val, config)
+        assert model.meta["train_config"]["healthy_rise_weight"] == weight
+        return predictor.raw_proba(rows.X)[hard].mean()
+
+    plain, weighed = mean_risk(1.0), mean_risk(6.0)
+    assert hard.sum() > 100 and weighed < 0.6 * plain, (plain, weighed)

@@ -10,8 +10,10 @@ import pytest
 
 from collapse_guard.errors import UserInputError
 from collapse_guard.features import FeatureExtractor
+from collapse_guard.features.rises import frame_in_lr_rise
 from collapse_guard.predictor.training.data import (
     build_training_data,
+    healthy_rise_weights,
     near_positives,
     split_runs,
 )
@@ -114,6 +116,36 @@ def test_a_collapse_trains_as_positives_only_its_rows_near_the_onset(run_records
     np.testing.assert_array_equal(near.steps, data.steps[kept])
     pd.testing.assert_frame_equal(near.X, data.X[kept].reset_index(drop=True))
     assert near_positives(data, run_records, None) is data  # every row of the horizon
+
+
+def test_each_row_knows_whether_its_step_lies_in_an_lr_rise(run_records):
+    data = build_training_data(run_records, FeatureExtractor(), stride=10)
+    for run in run_records[:6]:
+        rise = frame_in_lr_rise(run.frame)
+        mine = data.groups == run.run_id
+        at = np.searchsorted(run.frame["step"].to_numpy(), data.steps[mine])
+        np.testing.assert_array_equal(data.in_rise[mine], rise[at])
+    # the warm-up is a rise and the runs go on past it: rows of both kinds
+    assert 0.05 < data.in_rise.mean() < 0.95
+    near = near_positives(data, run_records, 60)  # kept along with the rows
+    assert near.in_rise.sum() == data.in_rise[near_mask(data, near)].sum()
+
+
+def near_mask(data, near):
+    keys = set(zip(near.groups.tolist(), near.steps.tolist(), strict=True))
+    return np.array(
+        [k in keys for k in zip(data.groups.tolist(), data.steps.tolist(), strict=True)]
+    )
+
+
+def test_the_healthy_rows_inside_a_rise_weigh_what_is_asked_and_the_rest_one(run_records):
+    data = build_training_data(run_records, FeatureExtractor(), stride=10)
+    assert healthy_rise_weights(data, 1.0) is None  # an unweighted fit
+    weights = healthy_rise_weights(data, 3.0)
+    hard = (data.y == 0) & data.in_rise
+    assert hard.sum() > 0 and ((data.y == 1) & data.in_rise).sum() > 0
+    np.testing.assert_array_equal(weights[hard], 3.0)
+    np.testing.assert_array_equal(weights[~hard], 1.0)
 
 
 def test_fingerprint_ignores_order_but_not_labels_or_lengths():
