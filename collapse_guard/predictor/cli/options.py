@@ -26,22 +26,25 @@ __all__ = [
 SEED = typer.Option(help="Seeds the run split, LightGBM and the learned baselines.")
 STRIDE = typer.Option(
     help="Training rows at every N-th step (default: the training's own, "
-    "predictor.core.model.DEFAULT_STRIDE); evaluation still scores every step."
+    "predictor.core.model.DEFAULT_STRIDE; retrain: the champion's); evaluation still scores "
+    "every step."
 )
 HOLD = typer.Option(
     help="The levels are set on the risk held this many steps (the highest window risk of "
-    "the last N steps; 0: each window's own). Default: predictor.core.hold.DEFAULT_HOLD_STEPS."
+    "the last N steps; 0: each window's own). Default: predictor.core.hold.DEFAULT_HOLD_STEPS "
+    "(retrain: the champion's)."
 )
 
 POSITIVES = typer.Option(
     help="A collapse trains as positives its rows within N steps of the onset; those further "
     "ahead inside the horizon train nothing (0: every row of the horizon). Default: "
-    "predictor.training.data.POSITIVES_WITHIN."
+    "predictor.training.data.POSITIVES_WITHIN (retrain: the champion's)."
 )
 
 RISE_WEIGHT = typer.Option(
     help="A healthy row inside an LR rise (the LR rose within the last 200 steps) weighs W in "
-    "the fit (1: as any row). Default: predictor.training.data.HEALTHY_RISE_WEIGHT."
+    "the fit (1: as any row). Default: predictor.training.data.HEALTHY_RISE_WEIGHT (retrain: "
+    "the champion's)."
 )
 
 
