@@ -46,7 +46,6 @@ trained again (deterministic: the same seed gives the same model).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -171,16 +170,10 @@ def _champion_model(model_name: str):
 
 
 def _champion_training(model_name: str) -> TrainConfig | None:
-    """The champion's training as its meta recorded it; None without a champion or a record.
-
-    Settings this code no longer knows are dropped (a champion from another version); the
-    ones it added since take their defaults."""
+    """The champion's training as its meta recorded it; None without a champion or a record."""
     champion = _champion_model(model_name)
     recorded = champion.meta.get("train_config") if champion is not None else None
-    if not recorded:
-        return None
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in recorded.items() if k in known})
+    return TrainConfig.from_dict(recorded) if recorded else None
 
 
 def _seen_by_champion(model_name: str, run_ids: Sequence[str]) -> set[str]:

@@ -117,6 +117,14 @@ class TrainConfig:
             )
         return dataclasses.replace(self, **settings) if settings else self
 
+    @classmethod
+    def from_dict(cls, recorded: Mapping[str, Any]) -> TrainConfig:
+        """The config a ``to_dict()`` recorded (a model's ``meta["train_config"]``). Settings
+        this code no longer knows are dropped (a model of another version); the ones added
+        since take their defaults."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in recorded.items() if k in known})
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (the model's ``meta["train_config"]``, MLflow params)."""
         out = dataclasses.asdict(self)

@@ -250,6 +250,10 @@ def test_one_frozen_config_is_what_the_training_ran_and_what_the_model_records(t
     assert config == TrainConfig(seed=0, stride=10, params=FAST_PARAMS)
     assert training.model.meta["train_config"] == config.to_dict()
     assert TrainConfig(**training.model.meta["train_config"]) == config  # read back whole
+    # a setting this code no longer knows is dropped, one it added since takes its default
+    recorded = {**config.to_dict(), "gone": 1}
+    del recorded["healthy_rise_weight"]
+    assert TrainConfig.from_dict(recorded) == config
     assert training.model.hold_steps == config.hold_steps == 50
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.seed = 1
