@@ -30,7 +30,6 @@ from collapse_guard.errors import UserInputError
 from collapse_guard.predictor.training.config import TrainConfig
 
 __all__ = [
-    "BUNDLE_HEALTHY_RISE_WEIGHT",
     "BUNDLE_POSITIVES_WITHIN",
     "DEFAULT_SYNTHETIC",
     "MAX_BYTES",
@@ -46,10 +45,6 @@ DEFAULT_SYNTHETIC = 0  # synthetic runs did not help on held-out families (modul
 # collapse an LR rise causes, the run looks as healthy as the rise it is in (held-out families:
 # 52-55 % of the develops caught at warn against 48 % on every row; benchmarks/README.md)
 BUNDLE_POSITIVES_WITHIN = 100
-# a healthy row inside an LR rise weighs 3 in the fit: the false alarms live in rises (held-out
-# families: 1.96 per 10k there against 2.39 at weight 1, 51 % of the develops against 53 %;
-# 66 runs no model saw: 0.82 against 2.05; benchmarks/README.md, docs/decisions.md 31)
-BUNDLE_HEALTHY_RISE_WEIGHT = 3.0
 
 
 def folder_bytes(folder: Path) -> int:
@@ -126,8 +121,7 @@ def build_default_model(
 
     ``config`` (``settings`` over it, e.g. ``seed=3``): the training, as
     ``train_risk_model``'s; its seed also draws the synthetic runs. Without one, a collapse
-    trains on its rows within ``BUNDLE_POSITIVES_WITHIN`` steps of the onset, and a healthy
-    row inside an LR rise weighs ``BUNDLE_HEALTHY_RISE_WEIGHT``.
+    trains on its rows within ``BUNDLE_POSITIVES_WITHIN`` steps of the onset.
 
     A model already in ``out`` is replaced only by one trained on no fewer runs and no
     fewer collapses, unless ``force`` (``check_replacement``, before any training).
@@ -140,7 +134,6 @@ def build_default_model(
 
     if config is None:
         settings.setdefault("positives_within", BUNDLE_POSITIVES_WITHIN)
-        settings.setdefault("healthy_rise_weight", BUNDLE_HEALTHY_RISE_WEIGHT)
     config = TrainConfig.of(config, **settings)
     seed = config.seed
     if not real and synthetic <= 0:

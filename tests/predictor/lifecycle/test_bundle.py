@@ -31,8 +31,6 @@ def cached_training(tmp_path_factory, monkeypatch):
         assert config.seed == SEED  # the bundle's seed trains the model too
         # a collapse's positives: its rows near the onset, unlike train's default of every row
         assert config.positives_within == bundle.BUNDLE_POSITIVES_WITHIN == 100
-        # healthy rows inside an LR rise weigh more, unlike train's default of 1
-        assert config.healthy_rise_weight == bundle.BUNDLE_HEALTHY_RISE_WEIGHT == 3.0
         return result
 
     monkeypatch.setattr(train_module, "train_risk_model", fake)
