@@ -10,12 +10,18 @@ unguarded; ``Guard(model, optimizer, checkpoint_dir=...)``, ``guard.batches`` an
 ``guard.step(loss)`` guarded, with the bundled model and the default policy: the public API
 and nothing else. Optimizers: AdamW, SGD with momentum, Lion (the project's, as a user
 would bring one from a package), torch's Muon on the hidden matrices chained with AdamW on
-the rest (``ChainedOptimizer``). Four rounds of 18 set-ups (``Setup.round``), each made
+the rest (``ChainedOptimizer``). Six rounds of 18 set-ups (``Setup.round``), each made
 after the one before had been read, each later set-up its own seed: the second slow ramps,
 step changes of the LR, no clipping, beta2 0.999, wider and deeper models; the third torch's
 ``LambdaLR`` and ``OneCycleLR`` stepped after ``guard.step``, gradient accumulation, RMSNorm
-with SwiGLU, 8 layers; the fourth these mixed. The second and third rounds' misses chose
-``GuardPolicy.rewind_loss_gap`` (docs/decisions.md 26); the fourth came after it.
+with SwiGLU, 8 layers; the fourth these mixed; the fifth torch's other optimizers (Adam with
+L2 decay, RAdam, NAdam, RMSprop, Adagrad, Adafactor, Nesterov SGD), bf16 autocast, fp16
+autocast with a ``GradScaler`` (``Guard(..., scaler=)``), ``CosineAnnealingWarmRestarts``,
+dropout; the sixth the loop's habits: nanoGPT's two parameter groups, a group at its own LR
+scale, an evaluation forward every few steps, activation checkpointing, a frozen embedding,
+the loop's own ``clip_grad_norm_`` kept before ``guard.step``. The second and third rounds'
+misses chose ``GuardPolicy.rewind_loss_gap`` (docs/decisions.md 26); the later ones came
+after it.
 
 Each set-up is trained by three arms on the same batches: ``unguarded``, ``guarded``, and
 ``safe`` (unguarded at the set-up's safe peak LR: what the run learns when it is not pushed
@@ -69,7 +75,8 @@ class Setup:
     tied: bool = False
     steps: int = 600
     schedule: str = "cosine"  # cosine to 0.1x | constant | ramp (geometric) | rewarm (linear)
-    # | jump (``base`` to the peak at ``rise_from``)
+    # | jump (``base`` to the peak at ``rise_from``); optimizers: adamw, sgd, lion, muon, and
+    # torch's own adam (L2 decay), radam, nadam, rmsprop, adagrad, adafactor, nesterov (SGD)
     rise_from: int = 250  # ramp / rewarm: the rise from ``base`` to the peak
     rise_to: int = 450
     base: float = 0.0
@@ -78,8 +85,18 @@ class Setup:
     beta2: float = 0.95
     scheduler: str = "manual"  # the LR set on the groups by the loop | lambda (torch's
     # LambdaLR over the same schedule) | onecycle (torch's OneCycleLR, its own schedule)
+    # | restarts (torch's CosineAnnealingWarmRestarts from the peak, no warmup)
     accumulate: int = 1  # micro-batches a step (the loss each divided by this)
     rms: bool = False  # RMSNorm and a SwiGLU MLP (else LayerNorm and GELU)
+    amp: str = ""  # "bf16": the forward under CPU autocast; "fp16": autocast and a GradScaler
+    dropout: float = 0.0  # after attention and the MLP, as nanoGPT's blocks have it
+    groups: str = ""  # "decay": nanoGPT's two groups (matrices decayed, the rest not);
+    # "scaled": the embedding and head in a group of their own at 0.1x the LR ("lr_scale")
+    evaluate: int = 0  # every this many steps an evaluation forward (eval mode, no_grad)
+    checkpointing: bool = False  # each block under torch.utils.checkpoint
+    frozen: bool = False  # the token embedding not trained (requires_grad False)
+    user_clip: bool = False  # the loop clips before guard.step too (the guard then sees
+    # clipped gradients: a user who kept the line the guard replaces)
     round: int = 1  # the set-ups' round: each made after the one before had been read
 
 
@@ -191,6 +208,66 @@ SETUPS: dict[str, Setup] = {
         Setup("muon_ramp_slow", "muon", 1.0, 0.02, schedule="ramp", base=0.02, steps=900,
               rise_from=250, rise_to=750, seed=57, round=4),
         Setup("muon_ok", "muon", 0.02, 0.02, seed=58, round=4),
+        Setup("radam_hot", "radam", 3e-2, 3e-3, seed=61, round=5),
+        Setup("radam_ramp", "radam", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40, seed=62,
+              round=5),
+        Setup("nadam_hot", "nadam", 9e-2, 3e-3, schedule="constant", warmup=150, seed=63,
+              round=5),
+        Setup("nadam_ok", "nadam", 3e-3, 3e-3, seed=64, round=5),
+        Setup("rmsprop_hot", "rmsprop", 1e-2, 1e-3, seed=65, round=5),
+        Setup("rmsprop_rewarm", "rmsprop", 0.1, 1e-3, schedule="rewarm", base=1e-3,
+              rise_from=300, rise_to=400, seed=66, round=5),
+        Setup("adagrad_rewarm", "adagrad", 3.0, 0.05, schedule="rewarm", base=0.05,
+              rise_from=300, rise_to=400, seed=67, round=5),
+        Setup("adafactor_ok", "adafactor", 1e-2, 1e-2, seed=68, round=5),
+        Setup("adam_l2_rewarm", "adam", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, seed=69, round=5),
+        Setup("adamw_bf16_rewarm", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, amp="bf16", seed=70, round=5),
+        Setup("adamw_fp16_jump", "adamw", 0.3, 3e-3, schedule="jump", base=3e-3,
+              rise_from=300, amp="fp16", seed=71, round=5),
+        Setup("adamw_fp16_ok", "adamw", 3e-3, 3e-3, amp="fp16", seed=72, round=5),
+        Setup("adamw_fp16_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40,
+              amp="fp16", seed=73, round=5),
+        Setup("adamw_restarts_hot", "adamw", 5e-2, 3e-3, scheduler="restarts", seed=74,
+              round=5),
+        Setup("adamw_restarts_ok", "adamw", 3e-3, 3e-3, scheduler="restarts", seed=75, round=5),
+        Setup("adamw_dropout_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40,
+              dropout=0.1, seed=76, round=5),
+        Setup("nesterov_ramp", "nesterov", 10.0, 0.1, schedule="ramp", base=0.1, seed=77,
+              round=5),
+        Setup("lion_bf16_hot", "lion", 3e-2, 3e-4, amp="bf16", seed=78, round=5),
+        Setup("adamw_decay_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40,
+              groups="decay", seed=81, round=6),
+        Setup("adamw_decay_ok", "adamw", 3e-3, 3e-3, groups="decay", seed=82, round=6),
+        Setup("adamw_scaled_rewarm", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, groups="scaled", seed=83, round=6),
+        Setup("adamw_scaled_lambda", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, groups="scaled", scheduler="lambda", seed=84,
+              round=6),
+        Setup("adamw_scaled_ok", "adamw", 3e-3, 3e-3, groups="scaled", seed=85, round=6),
+        Setup("sgd_decay_ramp", "sgd", 10.0, 0.1, schedule="ramp", base=0.1, groups="decay",
+              seed=86, round=6),
+        Setup("lion_scaled_hot", "lion", 3e-2, 3e-4, groups="scaled", seed=87, round=6),
+        Setup("adamw_eval_rewarm", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, evaluate=25, seed=88, round=6),
+        Setup("adamw_eval_ok", "adamw", 3e-3, 3e-3, evaluate=25, seed=89, round=6),
+        Setup("adamw_eval_dropout", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40,
+              evaluate=50, dropout=0.1, seed=90, round=6),
+        Setup("adamw_ckpt_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3, warmup=40,
+              checkpointing=True, seed=91, round=6),
+        Setup("adamw_ckpt_ok", "adamw", 3e-3, 3e-3, checkpointing=True, seed=92, round=6),
+        Setup("adamw_frozen_rewarm", "adamw", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, frozen=True, seed=93, round=6),
+        Setup("adamw_userclip_ramp", "adamw", 1.0, 1e-3, schedule="ramp", base=1e-3,
+              warmup=40, user_clip=True, seed=94, round=6),
+        Setup("adamw_userclip_ok", "adamw", 3e-3, 3e-3, user_clip=True, seed=95, round=6),
+        Setup("nadam_decay_rewarm", "nadam", 0.3, 3e-3, schedule="rewarm", base=3e-3,
+              rise_from=300, rise_to=400, groups="decay", seed=96, round=6),
+        Setup("muon_eval_ramp", "muon", 2.0, 0.02, schedule="ramp", base=0.02, evaluate=25,
+              seed=97, round=6),
+        Setup("adamw_all_ok", "adamw", 3e-3, 3e-3, groups="decay", evaluate=25, dropout=0.1,
+              checkpointing=True, amp="bf16", seed=98, round=6),
     )
 }  # fmt: skip
 
@@ -268,11 +345,15 @@ def _model(setup: Setup):
             )
 
         def forward(self, x):
+            attention, mlp = (
+                lambda z, part=part: F.dropout(part(z), setup.dropout, self.training)
+                for part in (self.attention, self.mlp)
+            )
             if self.post_ln:
-                x = self.norm1(x + self.attention(x))
-                return self.norm2(x + self.mlp(x))
-            x = x + self.attention(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
+                x = self.norm1(x + attention(x))
+                return self.norm2(x + mlp(x))
+            x = x + attention(self.norm1(x))
+            return x + mlp(self.norm2(x))
 
     class Net(nn.Module):
         def __init__(self):
@@ -295,11 +376,16 @@ def _model(setup: Setup):
             if self.positions is not None:
                 x = x + self.positions[: tokens.shape[1]]
             for block in self.blocks:
-                x = block(x)
+                if setup.checkpointing and self.training:
+                    x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
             return self.head(self.norm(x))
 
     torch.manual_seed(setup.seed)
-    return Net()
+    net = Net()
+    net.embedding.weight.requires_grad_(not setup.frozen)
+    return net
 
 
 def _language(seed: int):
@@ -327,11 +413,22 @@ def _sample(probs, generator):
 def _optimizer(setup: Setup, model, lr: float):
     import torch
 
-    params = list(model.parameters())
+    params = _groups(setup, model)
     if setup.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, setup.beta2), weight_decay=0.1)
-    if setup.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if setup.optimizer in ("sgd", "nesterov"):
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=setup.optimizer != "sgd")
+    torch_own = {
+        "adam": lambda: torch.optim.Adam(params, lr=lr, weight_decay=0.01),
+        "radam": lambda: torch.optim.RAdam(params, lr=lr, decoupled_weight_decay=True,
+                                           weight_decay=0.1),
+        "nadam": lambda: torch.optim.NAdam(params, lr=lr),
+        "rmsprop": lambda: torch.optim.RMSprop(params, lr=lr),
+        "adagrad": lambda: torch.optim.Adagrad(params, lr=lr),
+        "adafactor": lambda: torch.optim.Adafactor(params, lr=lr),
+    }  # fmt: skip
+    if setup.optimizer in torch_own:
+        return torch_own[setup.optimizer]()
     if setup.optimizer == "lion":
         from collapse_guard.datasets.real.optim import Lion
 
@@ -349,17 +446,39 @@ def _optimizer(setup: Setup, model, lr: float):
     return ChainedOptimizer(muon, adamw)
 
 
+def _groups(setup: Setup, model) -> list:
+    """The model's parameters as the optimizer takes them: one list, or groups."""
+    named = list(model.named_parameters())
+    if setup.groups == "decay":  # SGD's decay is L2 on the gradient: nanoGPT's 0.1 there
+        decay = 5e-4 if setup.optimizer in ("sgd", "nesterov") else 0.1  # stops learning
+        return [
+            {"params": [p for _, p in named if p.ndim >= 2], "weight_decay": decay},
+            {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0},
+        ]
+    if setup.groups == "scaled":
+        outer = ("embedding", "head")
+        return [
+            {"params": [p for n, p in named if not n.startswith(outer)]},
+            {"params": [p for n, p in named if n.startswith(outer)], "lr_scale": 0.1},
+        ]
+    return [p for _, p in named]
+
+
 def _scheduler(setup: Setup, optimizer, peak: float):
     """torch's scheduler the loop steps after each step (None: the loop sets the LR)."""
     from torch.optim import lr_scheduler
 
     if setup.scheduler == "lambda":
         for group in optimizer.param_groups:
-            group["lr"] = peak
+            group["lr"] = peak * group.get("lr_scale", 1.0)
         return lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(setup, step, peak) / peak)
     if setup.scheduler == "onecycle":  # cycles AdamW's beta1 and SGD's momentum too
         share = min(0.5, setup.warmup / setup.steps)
         return lr_scheduler.OneCycleLR(optimizer, peak, setup.steps + 1, pct_start=share)
+    if setup.scheduler == "restarts":  # back to the peak at once, every 150 steps
+        for group in optimizer.param_groups:
+            group["lr"] = peak
+        return lr_scheduler.CosineAnnealingWarmRestarts(optimizer, 150, eta_min=0.01 * peak)
     return None
 
 
@@ -377,25 +496,47 @@ def train(setup: Setup, arm: str) -> dict:
     scheduler = _scheduler(setup, optimizer, peak)
     generator = torch.Generator().manual_seed(setup.seed + 99)
     batches = (_sample(probs, generator) for _ in range(3 * setup.steps * setup.accumulate))
+    held_out = _sample(probs, torch.Generator().manual_seed(setup.seed + 7))
     losses, summary, started = [], {}, time.perf_counter()
+    scaler = torch.amp.GradScaler("cpu") if setup.amp == "fp16" else None
+    autocast = torch.autocast(
+        "cpu", dtype=torch.float16 if setup.amp == "fp16" else torch.bfloat16,
+        enabled=bool(setup.amp),
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
-        guard = Guard(model, optimizer, checkpoint_dir=folder) if arm == "guarded" else None
+        guard = (
+            Guard(model, optimizer, checkpoint_dir=folder, scaler=scaler)
+            if arm == "guarded"
+            else None
+        )
         source = iter(guard.batches(batches) if guard else batches)
         for step in range(setup.steps):
             if scheduler is None:
                 for group in optimizer.param_groups:  # ChainedOptimizer's are its parts
-                    group["lr"] = lr_at(setup, step, peak)
+                    group["lr"] = lr_at(setup, step, peak) * group.get("lr_scale", 1.0)
             loss = 0.0
             for batch in itertools.islice(source, setup.accumulate):
-                logits = model(batch[:, :-1])
-                part = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-                (part / setup.accumulate).backward()
+                with autocast:
+                    logits = model(batch[:, :-1])
+                part = F.cross_entropy(
+                    logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1)
+                )
+                scaled = part / setup.accumulate
+                (scaler.scale(scaled) if scaler else scaled).backward()
                 loss = loss + part.detach() / setup.accumulate
             losses.append(float(loss))
+            if setup.user_clip and guard is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), setup.clip)
             if guard is None:
+                if scaler:
+                    scaler.unscale_(optimizer)
                 if setup.clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), setup.clip)
-                optimizer.step()
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
             else:
                 try:
                     guard.step(loss)
@@ -405,6 +546,8 @@ def train(setup: Setup, arm: str) -> dict:
             optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:
                 scheduler.step()
+            if setup.evaluate and step % setup.evaluate == 0:
+                _evaluate(model, held_out, autocast)
         if guard is not None:
             summary.update(
                 {k: v for k, v in guard.summary().items() if isinstance(v, (int, float, str))}
@@ -417,6 +560,18 @@ def train(setup: Setup, arm: str) -> dict:
         "seconds": round(time.perf_counter() - started, 1),
         "summary": summary,
     }
+
+
+def _evaluate(model, batch, autocast) -> float:
+    """The loop's evaluation: eval mode, no gradients, back to training."""
+    import torch
+    from torch.nn import functional as F
+
+    model.eval()
+    with torch.no_grad(), autocast:
+        logits = model(batch[:, :-1])
+    model.train()
+    return float(F.cross_entropy(logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1)))
 
 
 def _job(job: tuple[str, str]) -> dict:

@@ -41,14 +41,14 @@ def test_the_schedules_warm_up_rise_and_decay_as_named(bench):
 
 
 def test_each_round_is_apart_from_the_ones_before(bench):
-    """Four rounds of 18 set-ups, each made after the one before had been read: each later
+    """Six rounds of 18 set-ups, each made after the one before had been read: each later
     set-up its own seed (its language and initial weights), none an earlier one again."""
-    rounds = {r: [s for s in bench.SETUPS.values() if s.round == r] for r in (1, 2, 3, 4)}
-    assert [len(setups) for setups in rounds.values()] == [18] * 4
-    seeds = [s.seed for r in (2, 3, 4) for s in rounds[r]]
-    assert len(set(seeds)) == 54 and 0 not in seeds
+    rounds = {r: [s for s in bench.SETUPS.values() if s.round == r] for r in range(1, 7)}
+    assert [len(setups) for setups in rounds.values()] == [18] * 6
+    seeds = [s.seed for r in range(2, 7) for s in rounds[r]]
+    assert len(set(seeds)) == 90 and 0 not in seeds
     shapes = [{replace(s, name="", seed=0, round=0) for s in rounds[r]} for r in rounds]
-    assert sum(map(len, shapes)) == len(set().union(*shapes)) == 72  # no shape twice
+    assert sum(map(len, shapes)) == len(set().union(*shapes)) == 108  # no shape twice
 
 
 def test_a_quiet_guard_in_the_users_loop_trains_the_plain_run(bench):
@@ -70,3 +70,17 @@ def test_a_quiet_guard_leaves_torch_s_scheduler_and_accumulation_alone(bench):
     plain, guarded = bench.train(setup, "unguarded"), bench.train(setup, "guarded")
     assert guarded["summary"]["rescues"] == 0 and guarded["summary"]["skipped"] == 0
     assert guarded["losses"] == plain["losses"] and len(plain["losses"]) == 30
+
+
+@pytest.mark.parametrize("name", ["adamw_fp16_ok", "adamw_all_ok", "adamw_scaled_ok"])
+def test_a_quiet_guard_leaves_the_loops_habits_alone(bench, name):
+    """The fifth and sixth rounds' loops: fp16 autocast with a GradScaler handed to the
+    guard; bf16 autocast, nanoGPT's two groups, dropout, activation checkpointing and an
+    evaluation forward every 25 steps; a group at 0.1x the LR. Quiet, the guard trains the
+    plain run bit for bit: the scaler's unscale, step and update, the evaluation's forward
+    and each group's own LR are the loop's."""
+    setup = replace(bench.SETUPS[name], steps=30)
+    plain, guarded = bench.train(setup, "unguarded"), bench.train(setup, "guarded")
+    assert guarded["summary"]["rescues"] == 0 and guarded["summary"]["skipped"] == 0
+    assert guarded["losses"] == plain["losses"] and len(plain["losses"]) == 30
+    assert plain["losses"][-1] < plain["losses"][0] - 0.1  # it learns
