@@ -518,9 +518,7 @@ def train(setup: Setup, arm: str) -> dict:
             for batch in itertools.islice(source, setup.accumulate):
                 with autocast:
                     logits = model(batch[:, :-1])
-                part = F.cross_entropy(
-                    logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1)
-                )
+                part = F.cross_entropy(logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
                 scaled = part / setup.accumulate
                 (scaler.scale(scaled) if scaler else scaled).backward()
                 loss = loss + part.detach() / setup.accumulate
