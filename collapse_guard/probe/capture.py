@@ -13,7 +13,10 @@
   ``need_weights=False`` path; weights asked for by the caller are rebuilt from the
   capture), with PyTorch's fused "fast path" switched off for the pass.
 * :func:`isolated` is the sandbox every probe-side forward runs in: eval mode (restored
-  module by module afterwards), forked RNG, and no grad unless asked.
+  module by module afterwards), forked RNG, no grad unless asked, and eager: a model under
+  ``torch.compile`` runs the pass uncompiled, since the pass's grad mode, eval mode and
+  hooks each fail a guard of the training graph, and eight recompiles would leave the
+  user's training forward eager for the rest of the run (dynamo's recompile limit).
 """
 
 from __future__ import annotations
@@ -301,6 +304,12 @@ def capture_attention(model: nn.Module) -> Iterator[list[AttentionCapture | None
             handle.remove()
 
 
+def _eager() -> contextlib.AbstractContextManager:
+    """Compiled code runs as plain eager code within (torch >= 2.6; before, a no-op)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def isolated(model: nn.Module, *, grad: bool = False) -> Iterator[None]:
     """Run probe-side forwards without touching training: eval, forked RNG, no grad."""
@@ -312,7 +321,7 @@ def isolated(model: nn.Module, *, grad: bool = False) -> Iterator[None]:
         if cuda
         else torch.random.fork_rng(devices=[])
     )
-    with fork, torch.set_grad_enabled(grad):
+    with fork, torch.set_grad_enabled(grad), _eager():
         model.eval()
         # the fused MHA / TransformerEncoderLayer kernels bypass the functions we capture
         torch.backends.mha.set_fastpath_enabled(False)
