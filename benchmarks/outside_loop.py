@@ -591,6 +591,28 @@ def _onset(losses: list) -> int | None:
     return label_losses([math.nan if x is None else x for x in losses])[0]
 
 
+def _forecast_line(rows: dict, collapsed: list[str], quiet: list[str]) -> None:
+    """The forecast as shipped, read off the guarded arm (``guard.first_warning``, the first
+    step at ``warn``, against the unguarded run's onset): issue 34's figure in this loop."""
+    leads, late = [], 0
+    for name in collapsed:
+        onset = _onset(rows[name, "unguarded"]["losses"])
+        first = rows[name, "guarded"]["summary"].get("first_warning")
+        if first is not None and first < onset:
+            leads.append(onset - first)
+        late += first is not None and first >= onset
+    ahead = sorted(lead for lead in leads if 10 <= lead <= 200)
+    alarms = sum(
+        rows[name, "guarded"]["summary"].get("first_warning") is not None for name in quiet
+    )
+    steps = sum(SETUPS[name].steps for name in quiet)
+    median = f", median lead {ahead[len(ahead) // 2]}" if ahead else ""
+    print(f"\nforecast at warn: {len(ahead)}/{len(collapsed)} collapses warned 10-200 steps "
+          f"ahead{median} ({len(leads) - len(ahead)} under 10, {late} at or after the onset); "
+          f"set-ups that do not collapse warned: {alarms}/{len(quiet)}, "
+          f"{1e4 * alarms / max(steps, 1):.2f} per 10k of their steps")  # fmt: skip
+
+
 def _report(rows: dict[tuple[str, str], dict], names: list[str]) -> None:
     print("| set-up | optimizer | unguarded (onset) | guarded | rescues | safe | guarded - safe |")
     print("|---|---|---|---|---|---|---|")
@@ -615,6 +637,7 @@ def _report(rows: dict[tuple[str, str], dict], names: list[str]) -> None:
             f"| {name} | {setup.optimizer} | {final['unguarded']:.3f} ({onset_text}) | "
             f"{final['guarded']:.3f} | {rescues} | {final['safe']:.3f} | {gap:+.3f} |"
         )
+    _forecast_line(rows, collapsed, [name for _, name in quiet])
     missed = ", ".join(sorted(set(collapsed) - set(saved))) or "none"
     print(f"\ncollapses saved (no onset, within 0.05 nats of the safe run): "
           f"{len(saved)}/{len(collapsed)} (missed: {missed})")  # fmt: skip

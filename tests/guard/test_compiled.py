@@ -19,10 +19,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_the_guards_probe_passes_recompile_nothing(tmp_path):
+@pytest.mark.parametrize("given", ["compiled", "plain"])
+def test_the_guards_probe_passes_recompile_nothing(tmp_path, given):
+    """The guard given the compiled module, or the module it wraps (the loop trains the
+    compiled one either way)."""
     model, optimizer = tiny_model()
     compiled = torch.compile(model, backend="eager")  # dynamo's guards, no code generation
-    guard, loop = Guard(compiled, optimizer, tmp_path, risk="off"), Loop()
+    watched = compiled if given == "compiled" else model
+    guard, loop = Guard(watched, optimizer, tmp_path, risk="off"), Loop()
 
     def step() -> None:
         x, y = loop.next()
