@@ -177,7 +177,9 @@ class Rescuer:
             healthy_lr = float(state["guard"]["trajectory"].get("lr_in_force", math.nan))
         if decision.restart:  # the weights before the first update (amend.restarts)
             state = {**load_verified(setup.ring.origin()), "averaged": 1}
-        training.load(state, keep_lr=True)  # the loop's LR stays
+        regrouped = training.load(state, keep_lr=True)  # the loop's LR stays
+        if regrouped:
+            setup.once.warn("optimizer_regrouped", regrouped, stacklevel=5)
         if self.lr_reached and not lr_reaches(training.optimizer):
             self.lr_reached = False
             setup.once.warn("lr_unreached", lr_unreached_text(s, training.optimizer), stacklevel=5)

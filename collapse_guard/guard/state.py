@@ -21,6 +21,7 @@ from collapse_guard.features.ring import SignalRing
 from collapse_guard.guard.policy import GuardPolicy
 from collapse_guard.guard.qk_clip import QKPlan
 from collapse_guard.guard.reactive import OnlineLabel, OutlierHistory
+from collapse_guard.guard.regroup import load_across_groups
 from collapse_guard.predictor.core.levels import OK, WARN, Level
 from collapse_guard.signals import SIGNAL_NAMES
 
@@ -309,16 +310,23 @@ class Training:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load(self, state: Mapping[str, Any], keep_lr: bool = False) -> None:
-        """Restore a checkpoint's; ``keep_lr``: the loop's LR stays (a rollback)."""
+    def load(self, state: Mapping[str, Any], keep_lr: bool = False) -> str:
+        """Restore a checkpoint's; ``keep_lr``: the loop's LR stays (a rollback), and the
+        optimizer's groups may have grown since (``regroup``). Returns what a rollback could
+        not keep as it was, for a warning ('' when all)."""
         lrs = [g["lr"] for g in self.optimizer.param_groups] if keep_lr else None
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        note = ""
+        if keep_lr:
+            note = load_across_groups(self.optimizer, state["optimizer"])
+        else:  # a resume: the optimizer is the one the checkpoint was written from
+            self.optimizer.load_state_dict(state["optimizer"])
         if lrs is not None:
             for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
                 group["lr"] = lr
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        return note
 
 
 class InState:
