@@ -482,8 +482,10 @@ def _scheduler(setup: Setup, optimizer, peak: float):
     return None
 
 
-def train(setup: Setup, arm: str) -> dict:
-    """One set-up by one arm, in the user's loop: its losses and the guard's summary."""
+def train(setup: Setup, arm: str, switch: int = 0, announce: bool = False) -> dict:
+    """One set-up by one arm, in the user's loop: its losses and the guard's summary.
+    ``switch``: the step the loop moves to another language (seed + 500; 0: never), and
+    says so by ``guard.data_changed()`` with ``announce`` (``benchmarks/data_switch.py``)."""
     import torch
     from torch.nn import functional as F
 
@@ -494,8 +496,9 @@ def train(setup: Setup, arm: str) -> dict:
     peak = setup.safe_lr if arm == "safe" else setup.lr
     optimizer = _optimizer(setup, model, lr_at(setup, 0, peak))
     scheduler = _scheduler(setup, optimizer, peak)
-    generator = torch.Generator().manual_seed(setup.seed + 99)
-    batches = (_sample(probs, generator) for _ in range(3 * setup.steps * setup.accumulate))
+    generator, language = torch.Generator().manual_seed(setup.seed + 99), [probs]
+    draws = 3 * setup.steps * setup.accumulate  # lazily: a batch of the language in force
+    batches = (_sample(language[0], generator) for _ in range(draws))
     held_out = _sample(probs, torch.Generator().manual_seed(setup.seed + 7))
     losses, summary, started = [], {}, time.perf_counter()
     scaler = torch.amp.GradScaler("cpu") if setup.amp == "fp16" else None
@@ -511,6 +514,10 @@ def train(setup: Setup, arm: str) -> dict:
         )
         source = iter(guard.batches(batches) if guard else batches)
         for step in range(setup.steps):
+            if switch and step == switch:
+                language[0] = _language(setup.seed + 500)
+                if guard is not None and announce:
+                    guard.data_changed()
             if scheduler is None:
                 for group in optimizer.param_groups:  # ChainedOptimizer's are its parts
                     group["lr"] = lr_at(setup, step, peak) * group.get("lr_scale", 1.0)

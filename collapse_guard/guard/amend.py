@@ -31,6 +31,7 @@ from collapse_guard.guard.warn_hold import HoldStall, WarnHold
 from collapse_guard.predictor.core.levels import WARN
 
 __all__ = [
+    "DATA_CHANGED",
     "FORCEABLE",
     "Decider",
     "checkable",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 FORCEABLE = ("skip", "rescue", "checkpoint")
+DATA_CHANGED = "data_changed"  # the event of the step ``Guard.data_changed`` comes before
 
 
 def gather_facts(
@@ -107,6 +109,9 @@ def forced(decision: GuardDecision, action: str | None) -> GuardDecision:
         )
     if action == "checkpoint":
         return replace(decision, checkpoint=True, events=(*decision.events, "checkpoint"))
+    if action == DATA_CHANGED:  # the new data's first checkpoint: the ring starts there
+        events = (*decision.events, DATA_CHANGED, "checkpoint")
+        return replace(decision, checkpoint=True, events=events)
     return decision
 
 
@@ -233,6 +238,11 @@ class Decider:
         if action not in FORCEABLE:
             raise ValueError(f"action must be one of {FORCEABLE}, got {action!r}")
         self.forced = action
+
+    def data_changed(self) -> None:
+        """``Guard.data_changed``: the next step is checkpointed and says so; the stall
+        rule's best loss was the old data's."""
+        self.forced, self.stall = DATA_CHANGED, HoldStall()
 
     def __call__(
         self,

@@ -187,6 +187,24 @@ class Guard:
         """Make the next step ``"skip"``, ``"rescue"`` or ``"checkpoint"`` (tests, drills)."""
         self._decide.force(action)
 
+    def data_changed(self) -> None:
+        """Say that the data changes on purpose from the next step (a new mixture, a
+        curriculum's next stage, fine-tuning data). The loss jumps with the data, and the
+        guard would read the jump as a collapse: it would roll back to the old data's
+        weights, at which every new batch is an outlier, and stop the run as one whose data
+        went bad. Here the loss's history, best and outlier statistics, the risk window and
+        the run context start over; the ring's checkpoints of the old data, whose losses
+        are not comparable, leave it (the origin stays); the next step is checkpointed, with
+        the event ``data_changed`` in its row. Call it on every rank, between steps."""
+        if self._closed:
+            raise RuntimeError("guard.data_changed() after guard.close(); create a new Guard")
+        self._settle()  # a deferred step belongs to the old data
+        self.trajectory = self.trajectory.restarted(self.policy)
+        self.run.data_fault, self.run.skip_streak = False, 0
+        self._decide.data_changed()
+        if self.rank == 0:
+            self.setup.ring.restart()
+
     # ------------------------------------------------------------------ step
     def step(self, loss: torch.Tensor | float) -> GuardDecision:
         """Measure, decide and act for one optimizer step (module docstring). A deferred

@@ -118,7 +118,8 @@ def data_fault_text(step: int, policy: GuardPolicy) -> str:
         f"collapse-guard: step {step}: the first batch after a rollback is a loss outlier "
         "at weights that were healthy: the data went bad, not the model. Outlier batches "
         f"are skipped until {policy.data_clear_steps} clean ones in a row; {stops} "
-        "(GuardPolicy.max_data_fault_skips). Check the data pipeline (said once)"
+        "(GuardPolicy.max_data_fault_skips). Check the data pipeline; if the data changed "
+        "on purpose, call guard.data_changed() at the change (said once)"
     )
 
 
@@ -325,7 +326,8 @@ def gave_up(
             "stayed bad (GuardPolicy.max_data_fault_skips); stopping "
             "instead of skipping every batch. Check the data pipeline (the shards or loader "
             "since the first data_fault event in the run file), then guard.resume() from "
-            "the ring's newest checkpoint; max_data_fault_skips=0 skips without limit"
+            "the ring's newest checkpoint; max_data_fault_skips=0 skips without limit. A "
+            "change of the data made on purpose: call guard.data_changed() at the change"
         )
     return GuardGaveUp(
         f"step {decision.step}: the run collapsed again ({decision.reason}) after "

@@ -26,7 +26,9 @@ everything else             an intervention: a level's LR change (``lr_x``), war
                             non-finite gradient (which unguarded is a NaN update): they
                             exist to avert a collapse, so
                             the rows whose outcome depends on the steps after them are
-                            censored, as below
+                            censored, as below; so is the loop's ``data_changed``
+                            (``Guard.data_changed``): the loss jumps with the new data,
+                            which the label's rule would read as an onset
 ==========================  =================================================================
 
 Without a rescue, the first intervention ``c`` censors:

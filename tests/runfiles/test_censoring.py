@@ -29,11 +29,13 @@ def test_actions_that_leave_the_outcome_known_keep_every_row(event):
 
 
 @pytest.mark.parametrize(
-    "event", ["lr_x0.5", "lr_hold:0.021", "clip_layers:3", "skip:nonfinite_grad"]
+    "event",
+    ["lr_x0.5", "lr_hold:0.021", "clip_layers:3", "skip:nonfinite_grad", "data_changed;checkpoint"],
 )
 def test_an_intervention_censors_the_rows_whose_horizon_reaches_it(event):
     # a level's LR change, warn's hold (the default) or a layer clip, a skipped NaN update:
-    # each may avert a collapse
+    # each may avert a collapse; the loop's new data (Guard.data_changed) makes the loss
+    # jump, which the label would read as an onset
     frame = intervene(intervene(loss_trace(), 300, "qk_clip:h.0x0.9"), 900, event)
     kept, _, censoring = censor_guarded(frame, guarded("g", frame))
     assert censoring.first_intervention == 900
