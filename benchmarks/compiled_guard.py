@@ -34,7 +34,6 @@ from collapse_guard.probe import capture
 __all__ = ["main"]
 
 ARMS = ("eager", "plain", "guarded", "passes_compiled")
-RECOMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default
 
 
 def _arm(arm: str, config: GPTConfig, steps: int, backend: str) -> dict:
@@ -76,7 +75,7 @@ def _arm(arm: str, config: GPTConfig, steps: int, backend: str) -> dict:
     frames = int(dynamo.utils.counters["frames"]["ok"])
     return {
         "frames": frames,
-        "limit": frames > RECOMPILE_LIMIT,
+        "limit": frames > dynamo.config.recompile_limit,
         "median_ms": 1e3 * statistics.median(times[steps // 2 :]),
     }
 
